@@ -1,0 +1,62 @@
+# Two commands on a fresh machine:  `make lab`  and  `make test`.
+# Both create .venv/ on first use and reuse it afterwards; `make install` is the shared step.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip
+# CPU wheel on local disk here; GPU users override, e.g. `make install TORCH="torch==2.13.0 --index-url ..."`.
+TORCH ?= torch==2.13.0
+STAMP := $(VENV)/.mpnb-installed
+# DeepSpeed's JIT ops (~1 min each) are built once per machine into this cache, reused by tests and CI.
+export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/mpnb/torch_extensions
+export DS_ACCELERATOR ?= cpu
+export OMP_NUM_THREADS ?= 1
+PORT ?= 8888
+
+.PHONY: install lab test test-py test-e2e lint demo browser clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml package.json package-lock.json Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q $(TORCH)
+	$(PIP) install -q "hatchling>=1.21" "hatch-jupyter-builder>=0.9" "jupyterlab>=4,<5" editables
+	DS_BUILD_OPS=0 $(PIP) install -q --no-build-isolation "deepspeed>=0.14"
+	PATH="$(abspath $(BIN)):$$PATH" $(PIP) install -q --no-build-isolation -e ".[test]"
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/jupyter labextension develop --overwrite .
+	touch $(STAMP)
+
+# Rebuild the labextension when its sources change (the editable install links the output dir).
+mpnb/labextension/package.json: $(STAMP) $(shell find labextension -type f 2>/dev/null) tsconfig.json
+	PATH="$(abspath $(BIN)):$$PATH" npm run build
+	touch $@
+
+lab: install mpnb/labextension/package.json
+	$(BIN)/jupyter lab --ip=127.0.0.1 --port=$(PORT) --notebook-dir=notebooks \
+		$$( [ "$$(id -u)" = 0 ] && echo --allow-root )
+
+# Debian's Chromium for the browser tests (never a downloaded browser build).
+browser:
+	@command -v chromium >/dev/null || { \
+		[ "$$(id -u)" = 0 ] && SUDO= || SUDO=sudo; \
+		$$SUDO apt-get update -q && $$SUDO apt-get install -y -q chromium; }
+
+lint: install
+	$(BIN)/ruff check mpnb tests benchmarks
+
+test-py: install mpnb/labextension/package.json
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-e2e: install mpnb/labextension/package.json browser
+	PATH="$(abspath $(BIN)):$$PATH" npm run test:e2e
+
+test: lint test-py test-e2e
+
+demo: install
+	$(BIN)/python -m mpnb.demo build/demo
+
+clean:
+	rm -rf $(VENV) node_modules lib mpnb/labextension build tsconfig.tsbuildinfo

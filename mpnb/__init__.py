@@ -1,0 +1,98 @@
+"""mpnb: model parallelism from a Jupyter notebook.
+
+Kernel side::
+
+    %load_ext mpnb
+    %mpnb start
+    mpnb.config_panel()
+
+Engine side (inside ``%%distributed`` cells)::
+
+    trainer = mpnb.prepare(model, optimizer)
+
+Public names are imported lazily so that ``import mpnb`` in the notebook kernel
+stays cheap and never imports torch unless the user does.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from mpnb._version import __version__
+from mpnb.errors import ClusterError, ConfigError, MpnbError, NoClusterError, RankError
+
+# public name -> module that defines it
+_LAZY: dict[str, str] = {
+    # cluster lifecycle (kernel side)
+    "start": "mpnb.cluster",
+    "connect": "mpnb.cluster",
+    "stop": "mpnb.cluster",
+    "restart": "mpnb.cluster",
+    "session": "mpnb.cluster",
+    "Session": "mpnb.cluster",
+    # configuration and prediction (kernel side, no torch)
+    "Config": "mpnb.config",
+    "estimate": "mpnb.estimator",
+    # widgets (kernel side)
+    "config_panel": "mpnb.widgets.panel",
+    "memory_plot": "mpnb.memory",
+    "memory_report": "mpnb.memory",
+    # engine side (imports torch)
+    "prepare": "mpnb.engine.prepare",
+    "Trainer": "mpnb.engine.trainer",
+    "should_stop": "mpnb.engine.control",
+}
+
+__all__ = [
+    "ClusterError",
+    "ConfigError",
+    "MpnbError",
+    "NoClusterError",
+    "RankError",
+    "__version__",
+    "load_ipython_extension",
+    "unload_ipython_extension",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mpnb' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """`%load_ext mpnb`: register `%mpnb` and `%%distributed`."""
+    from mpnb.magics import register
+
+    register(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    from mpnb.magics import unregister
+
+    unregister(ipython)
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    return [{"src": "labextension", "dest": "mpnb"}]
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from mpnb.cluster import Session, connect, restart, session, start, stop
+    from mpnb.config import Config
+    from mpnb.engine.control import should_stop
+    from mpnb.engine.prepare import prepare
+    from mpnb.engine.trainer import Trainer
+    from mpnb.estimator import estimate
+    from mpnb.memory import memory_plot, memory_report
+    from mpnb.widgets.panel import config_panel

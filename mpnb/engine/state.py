@@ -1,0 +1,38 @@
+"""Per-engine state that the kernel sets and engine-side code reads.
+
+This is the only module-level state on an engine. The kernel writes it through
+`view.apply(...)` with plain data; `mpnb.prepare`, the monitor and the stop
+machinery read it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+rank: int = 0
+world_size: int = 1
+local_rank: int = 0
+local_world_size: int = 1
+device: str = "cpu"  # "cpu" or "cuda:N" (N is always 0 after CUDA_VISIBLE_DEVICES binding)
+backend: str = "gloo"
+
+# The session's active mpnb.Config as a dict (Config.to_dict()); mpnb.prepare reads it.
+config: dict[str, Any] = {}
+
+# The Trainer most recently returned by mpnb.prepare, for the memory monitor.
+_active_trainer: weakref.ref | None = None
+
+
+def set_config(data: dict[str, Any]) -> None:
+    global config
+    config = dict(data)
+
+
+def set_active_trainer(trainer: Any) -> None:
+    global _active_trainer
+    _active_trainer = weakref.ref(trainer)
+
+
+def active_trainer() -> Any | None:
+    return _active_trainer() if _active_trainer is not None else None
