@@ -1,0 +1,257 @@
+"""The memory sampler thread that runs inside every engine.
+
+An engine executes one cell at a time, so the notebook cannot ask it for memory
+numbers while a cell runs. Instead a daemon thread samples the device (10 Hz
+while a cell runs, 1 Hz when idle) and pushes each sample over its own ZMQ PUSH
+socket to the notebook kernel's PULL socket (`mpnb.monitor_channel`). Messages
+are signed with the cluster's own key through a `jupyter_client.Session`, the
+same HMAC scheme ipyparallel uses, so the kernel can drop anything unsigned.
+
+"Busy" is true while the engine executes code (IPython's pre/post_execute
+events, which fire for every `view.execute`) or while `set_busy(True)` is in
+force (for callers that run work through `apply`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Any
+
+from mpnb.engine import state
+from mpnb.engine.memory_readers import MemoryReader, make_reader
+
+MSG_TYPE = "mpnb_memory"
+DEFAULT_BUSY_HZ = 10.0
+DEFAULT_IDLE_HZ = 1.0
+# Samples waiting in the socket when the kernel is gone; beyond this they are dropped, never block.
+_SEND_HWM = 1000
+
+_sampler: Sampler | None = None
+_busy_flag = False
+_executing = False
+_lock = threading.Lock()
+
+
+def is_busy() -> bool:
+    return _busy_flag or _executing
+
+
+def set_busy(busy: bool) -> None:
+    """Mark this rank busy/idle by hand (e.g. around work run with `apply`)."""
+    global _busy_flag
+    _busy_flag = bool(busy)
+    _wake()
+
+
+def _on_pre_execute(*_: Any) -> None:
+    global _executing
+    _executing = True
+    _wake()
+
+
+def _on_post_execute(*_: Any) -> None:
+    global _executing
+    _executing = False
+    _wake()
+
+
+def _wake() -> None:
+    sampler = _sampler
+    if sampler is not None:
+        sampler.wake.set()
+
+
+def build_sample(reader: MemoryReader, rank: int, busy: bool, trainer: Any | None) -> dict[str, Any]:
+    """One sample in the format of docs/internals.md ("Memory samples")."""
+    reading = reader.read()
+    parts = {"parameters": 0, "gradients": 0, "optimizer": 0}
+    if trainer is not None:
+        try:
+            breakdown = trainer.memory_breakdown()
+            for key in parts:
+                parts[key] = int(breakdown.get(key, 0) or 0)
+        except Exception:  # the training loop may be mutating state right now; skip this one
+            pass
+    accounted = parts["parameters"] + parts["gradients"] + parts["optimizer"]
+    return {
+        "rank": rank,
+        "t": time.time(),
+        "busy": busy,
+        "device_kind": reading.device_kind,
+        "used": reading.used,
+        "reserved": reading.reserved,
+        "peak": reading.peak,
+        "capacity": reading.capacity,
+        "device_used": reading.device_used,
+        "oom_count": reading.oom_count,
+        **parts,
+        "other": max(0, reading.used - accounted),
+    }
+
+
+class Sampler(threading.Thread):
+    """Samples memory at the busy or idle rate and pushes each sample to the kernel."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        key: bytes,
+        signature_scheme: str = "hmac-sha256",
+        busy_hz: float = DEFAULT_BUSY_HZ,
+        idle_hz: float = DEFAULT_IDLE_HZ,
+        reader: MemoryReader | None = None,
+    ) -> None:
+        super().__init__(name="mpnb-memory-sampler", daemon=True)
+        if busy_hz <= 0 or idle_hz <= 0:
+            raise ValueError(f"sampling rates must be > 0 Hz, got busy={busy_hz}, idle={idle_hz}")
+        self.endpoint = endpoint
+        self.busy_hz = float(busy_hz)
+        self.idle_hz = float(idle_hz)
+        self.sent = 0
+        self.errors = 0
+        self.wake = threading.Event()
+        self._stop_event = threading.Event()
+        self._key = key
+        self._scheme = signature_scheme
+        self._reader = reader
+        self._reader_device: str | None = None
+        self._fixed_reader = reader is not None
+
+    def stop(self, timeout: float = 2.0) -> bool:
+        self._stop_event.set()
+        self.wake.set()
+        self.join(timeout)
+        return not self.is_alive()
+
+    def _current_reader(self) -> MemoryReader:
+        # The device is bound by bootstrap; rebuild the reader if it changed since.
+        if not self._fixed_reader and (self._reader is None or self._reader_device != state.device):
+            self._reader = make_reader(state.device)
+            self._reader_device = state.device
+        assert self._reader is not None
+        return self._reader
+
+    def run(self) -> None:
+        import zmq
+        from jupyter_client.session import Session
+
+        session = Session(key=self._key, signature_scheme=self._scheme, username="mpnb-monitor")
+        context = zmq.Context()
+        socket = context.socket(zmq.PUSH)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.SNDHWM, _SEND_HWM)
+        socket.connect(self.endpoint)
+        try:
+            while not self._stop_event.is_set():
+                busy = is_busy()
+                try:
+                    sample = build_sample(self._current_reader(), state.rank, busy, state.active_trainer())
+                    session.send(socket, MSG_TYPE, content={"samples": [sample]})
+                    self.sent += 1
+                except zmq.Again:  # kernel not reading: drop rather than block the engine
+                    self.errors += 1
+                except Exception:
+                    self.errors += 1
+                interval = 1.0 / (self.busy_hz if busy else self.idle_hz)
+                if self.wake.wait(interval):
+                    self.wake.clear()
+        finally:
+            socket.close(linger=0)
+            context.term()
+
+
+def _engine_session() -> tuple[bytes, str]:
+    """The key and scheme this engine signs its ipyparallel messages with."""
+    from IPython import get_ipython
+
+    ip = get_ipython()
+    kernel = getattr(ip, "kernel", None)
+    if kernel is None:
+        raise RuntimeError("not inside an ipyparallel engine: pass key= explicitly")
+    return kernel.session.key, kernel.session.signature_scheme
+
+
+def _set_execute_hooks(on: bool) -> None:
+    from IPython import get_ipython
+
+    ip = get_ipython()
+    if ip is None:
+        return
+    for event, callback in (("pre_execute", _on_pre_execute), ("post_execute", _on_post_execute)):
+        with contextlib.suppress(ValueError):
+            ip.events.unregister(event, callback)
+        if on:
+            ip.events.register(event, callback)
+
+
+def start(
+    endpoint: str,
+    *,
+    key: bytes | None = None,
+    signature_scheme: str | None = None,
+    busy_hz: float = DEFAULT_BUSY_HZ,
+    idle_hz: float = DEFAULT_IDLE_HZ,
+    reader: MemoryReader | None = None,
+) -> dict[str, Any]:
+    """Start (or restart) this engine's sampler, pushing to the kernel at `endpoint`.
+
+    Without `key`, the engine's own ipyparallel session key is used, so the
+    secret never travels over the network.
+    """
+    global _sampler
+    if key is None:
+        key, scheme = _engine_session()
+        signature_scheme = signature_scheme or scheme
+    with _lock:
+        if _sampler is not None:
+            _sampler.stop()
+        _sampler = Sampler(endpoint, key, signature_scheme or "hmac-sha256", busy_hz, idle_hz, reader)
+        _set_execute_hooks(True)
+        _sampler.start()
+    return {"rank": state.rank, "endpoint": endpoint, "busy_hz": busy_hz, "idle_hz": idle_hz}
+
+
+def stop(timeout: float = 2.0) -> bool:
+    """Stop the sampler; True once its thread has exited and its socket is closed."""
+    global _sampler
+    with _lock:
+        sampler, _sampler = _sampler, None
+        _set_execute_hooks(False)
+    return True if sampler is None else sampler.stop(timeout)
+
+
+def configure(busy_hz: float | None = None, idle_hz: float | None = None) -> None:
+    """Change the sampling rates of the running sampler."""
+    sampler = _sampler
+    if sampler is None:
+        return
+    for name, value in (("busy_hz", busy_hz), ("idle_hz", idle_hz)):
+        if value is not None:
+            if value <= 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+            setattr(sampler, name, float(value))
+    sampler.wake.set()
+
+
+def reset_peak() -> None:
+    """Start a new peak window (the kernel calls this at the start of each cell)."""
+    sampler = _sampler
+    if sampler is not None and sampler._reader is not None:
+        sampler._reader.reset_peak()
+
+
+def status() -> dict[str, Any]:
+    sampler = _sampler
+    if sampler is None:
+        return {"running": False}
+    return {
+        "running": sampler.is_alive(),
+        "endpoint": sampler.endpoint,
+        "busy_hz": sampler.busy_hz,
+        "idle_hz": sampler.idle_hz,
+        "sent": sampler.sent,
+        "errors": sampler.errors,
+        "busy": is_busy(),
+    }

@@ -1,0 +1,166 @@
+"""Kernel end of the memory side channel: a ZMQ PULL socket fed by every engine.
+
+Each engine's sampler (`mpnb.engine.monitor`) pushes signed messages here. A
+receiver thread checks each signature with the cluster's key (the same
+`jupyter_client.Session` HMAC that ipyparallel uses; unsigned, badly signed and
+replayed messages are dropped and counted) and hands the samples to a
+`MemoryStore` in batches. The socket binds to the cluster's interface
+(127.0.0.1 for a local cluster), never to all interfaces unless asked to.
+"""
+
+from __future__ import annotations
+
+import os
+import socket as pysocket
+import threading
+from typing import TYPE_CHECKING, Any
+
+from mpnb.errors import ClusterError
+
+if TYPE_CHECKING:
+    from mpnb.memory import MemoryStore
+
+MSG_TYPE = "mpnb_memory"  # = mpnb.engine.monitor.MSG_TYPE (not imported: that package imports torch)
+_SAMPLE_KEYS = ("rank", "t", "used")
+_MAX_BATCH = 500
+INTERFACE_ENV = "MPNB_MONITOR_INTERFACE"
+
+
+class MonitorChannel:
+    """Binds a PULL socket and feeds verified samples to a store from a background thread."""
+
+    def __init__(
+        self,
+        store: MemoryStore,
+        key: bytes,
+        signature_scheme: str = "hmac-sha256",
+        interface: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        if not key:
+            raise ClusterError(
+                "The memory monitor needs the cluster's message key to authenticate samples, and "
+                "this cluster has none. Start the cluster with a key (ipyparallel's default)."
+            )
+        self.store = store
+        self.interface = interface
+        self.received = 0  # samples accepted
+        self.dropped = 0  # messages rejected (bad signature, malformed, replayed)
+        self._key = key
+        self._scheme = signature_scheme
+        self._port = port
+        self._endpoint: str | None = None
+        self._thread: threading.Thread | None = None
+        self._stop_event = threading.Event()
+        self._socket: Any = None
+        self._context: Any = None
+
+    @property
+    def endpoint(self) -> str:
+        if self._endpoint is None:
+            raise RuntimeError("MonitorChannel.start() has not been called")
+        return self._endpoint
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> str:
+        """Bind and start receiving; returns the endpoint engines connect to."""
+        import zmq
+
+        if self.running:
+            return self.endpoint
+        self._context = zmq.Context()
+        sock = self._context.socket(zmq.PULL)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            if self._port:
+                sock.bind(f"tcp://{self.interface}:{self._port}")
+                port = self._port
+            else:
+                port = sock.bind_to_random_port(f"tcp://{self.interface}")
+        except zmq.ZMQError as e:
+            sock.close()
+            self._context.term()
+            raise ClusterError(
+                f"The memory monitor could not listen on {self.interface}: {e}. Set the environment "
+                f"variable {INTERFACE_ENV} to an address of this machine that the engines can reach."
+            ) from e
+        self._socket = sock
+        self._endpoint = f"tcp://{self.interface}:{port}"
+        self._stop_event.clear()
+        self._thread = threading.Thread(target=self._receive_loop, name="mpnb-monitor-channel", daemon=True)
+        self._thread.start()
+        return self._endpoint
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop receiving and close the socket (the thread owns it and closes it on exit)."""
+        self._stop_event.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._thread = None
+
+    def _receive_loop(self) -> None:
+        import zmq
+        from jupyter_client.session import Session
+
+        session = Session(key=self._key, signature_scheme=self._scheme, username="mpnb-kernel")
+        sock = self._socket
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        try:
+            while not self._stop_event.is_set():
+                if not poller.poll(100):
+                    continue
+                batch: list[dict[str, Any]] = []
+                while len(batch) < _MAX_BATCH:
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    batch.extend(self._verify(session, frames))
+                if batch:
+                    self.received += len(batch)
+                    self.store.add(batch)
+        finally:
+            sock.close(linger=0)
+            self._context.term()
+
+    def _verify(self, session: Any, frames: list[bytes]) -> list[dict[str, Any]]:
+        """The samples in one message, or [] (and a count in `dropped`) if it is not authentic."""
+        try:
+            _, msg_frames = session.feed_identities(frames, copy=True)
+            msg = session.deserialize(msg_frames, content=True)
+            if msg["header"].get("msg_type") != MSG_TYPE:
+                raise ValueError("unexpected message type")
+            samples = msg["content"]["samples"]
+            if not isinstance(samples, list) or not all(
+                isinstance(s, dict) and all(k in s for k in _SAMPLE_KEYS) for s in samples
+            ):
+                raise ValueError("malformed samples")
+            return samples
+        except Exception:
+            self.dropped += 1
+            return []
+
+
+def bind_interface(client: Any) -> str:
+    """The address the kernel listens on: the one the engines already use to reach the controller.
+
+    Local clusters bind the controller to 127.0.0.1, and so do we. A controller on
+    all interfaces is reached by engines through its `location`; we bind to that
+    address, not to 0.0.0.0. `MPNB_MONITOR_INTERFACE` overrides both.
+    """
+    override = os.environ.get(INTERFACE_ENV)
+    if override:
+        return override
+    config = getattr(client, "_config", {}) or {}
+    interface = str(config.get("interface", "tcp://127.0.0.1")).split("://", 1)[-1]
+    if interface not in ("*", "0.0.0.0", ""):
+        return interface
+    location = config.get("location") or pysocket.gethostname()
+    try:
+        return pysocket.gethostbyname(location)
+    except OSError:
+        return "127.0.0.1"
