@@ -1,0 +1,71 @@
+"""`mpnb.prepare(model, optimizer)`: apply the active config and return a `Trainer`.
+
+Runs on every engine (rank) with the same arguments. The config defaults to
+the session's active one (`mpnb.engine.state.config`, pushed by `%mpnb config`
+or the panel). Structural checks (a model the pipeline cannot split, a tensor
+plan naming missing modules) raise `MpnbError` before any collective starts,
+so every rank fails the same way and the process group stays usable.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from mpnb.config import Config
+from mpnb.engine import state
+from mpnb.engine.strategies import STRATEGY_MODULES
+from mpnb.engine.strategies.common import EngineContext
+from mpnb.engine.trainer import LossFn, Trainer
+from mpnb.errors import ConfigError, MpnbError
+
+
+def prepare(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    loss_fn: LossFn | None = None,
+    config: Config | dict[str, Any] | None = None,
+) -> Trainer:
+    """Parallelise `model` (and `optimizer`) under the config and return the Trainer.
+
+    `optimizer` defaults to `torch.optim.AdamW(model.parameters(), lr=1e-3)`.
+    Strategies that replace or split parameters (fsdp, tensor, pipeline)
+    rebuild it with the same class and hyperparameters: use `trainer.optimizer`
+    from here on. `loss_fn(output, targets)` defaults to cross-entropy over the
+    last dimension. `trainer.step(batch)` takes the *global* batch on every
+    rank (see `Trainer.shard`).
+    """
+    cfg = _resolve_config(config)
+    ctx = current_context()
+    if not isinstance(model, nn.Module):
+        raise MpnbError(f"mpnb.prepare needs a torch.nn.Module, got {type(model).__name__}.")
+    cfg.validate(ctx.world_size, ctx.device.type)
+    if optimizer is None:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    module = importlib.import_module(STRATEGY_MODULES[cfg.strategy])
+    trainer = module.prepare(model, optimizer, cfg, ctx, loss_fn)
+    state.set_active_trainer(trainer)
+    return trainer
+
+
+def current_context() -> EngineContext:
+    """This rank's place: from the process group when there is one, else one process."""
+    device = torch.device(state.device)
+    if dist.is_available() and dist.is_initialized():
+        return EngineContext(dist.get_rank(), dist.get_world_size(), device)
+    return EngineContext(0, 1, device)
+
+
+def _resolve_config(config: Config | dict[str, Any] | None) -> Config:
+    if config is None:
+        return Config.from_dict(state.config) if state.config else Config()
+    if isinstance(config, Config):
+        return config
+    if isinstance(config, dict):
+        return Config().update(**config)  # unknown keys and bad values raise ConfigError
+    raise ConfigError(f"config must be an mpnb.Config or a dict, got {type(config).__name__}.")

@@ -1,0 +1,157 @@
+"""Tensor parallelism (Megatron style) with `torch.distributed.tensor.parallel`.
+
+Inside each block the first matmul of a pair is split by output features
+(colwise: every rank computes some heads / some hidden units) and the second
+by input features (rowwise: partial sums, all-reduced once). So a block costs
+one all-reduce in forward and one in backward, and each rank holds 1/tp of
+those weights. Everything else (embeddings, layer norms, the LM head) stays
+replicated. With more ranks than `tensor_parallel`, the remaining dimension is
+data parallel with FSDP2 on the same 2-D mesh (torchtitan's TP, then FSDP).
+
+Memory: sharded weights count their DTensor local shard, replicated ones count
+fully; P = G = 4 bytes (fp32; bf16 uses autocast), K = 8 for AdamW.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Any
+
+from torch import nn
+from torch.optim import Optimizer
+
+from mpnb.engine.strategies.common import (
+    EngineContext,
+    apply_activation_checkpointing,
+    build_mesh,
+    close_names,
+    parameter_names,
+    rebuild_optimizer,
+)
+from mpnb.engine.strategies.fsdp import FSDPTrainer, apply_fsdp
+from mpnb.engine.trainer import LossFn, Trainer
+from mpnb.errors import MpnbError
+
+# last component(s) of a Linear's name -> style, for the layer names common models use
+_KNOWN = {
+    "attn.qkv": "colwise", "attn.proj": "rowwise",  # mpnb.models.GPT
+    "mlp.fc": "colwise", "mlp.proj": "rowwise",
+    "q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "o_proj": "rowwise",  # Llama style
+    "out_proj": "rowwise",
+    "up_proj": "colwise", "gate_proj": "colwise", "down_proj": "rowwise",
+    "fc1": "colwise", "fc2": "rowwise",
+}
+_HEAD_ATTRS = ("n_head", "num_heads", "num_attention_heads", "num_key_value_heads")
+
+
+class TensorTrainer(FSDPTrainer):
+    strategy = "tensor"
+
+
+def default_plan(model: nn.Module) -> dict[str, str]:
+    """Colwise/rowwise styles for known attention and MLP layers, or Linear pairs of a Sequential."""
+    plan: dict[str, str] = {}
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        for suffix, style in _KNOWN.items():
+            if name == suffix or name.endswith("." + suffix):
+                plan[name] = style
+                break
+    if plan:
+        return plan
+    if isinstance(model, nn.Sequential):  # Linear, act, Linear, ...: pair them colwise -> rowwise
+        linears = [name for name, m in model.named_children() if isinstance(m, nn.Linear)]
+        for first, second in zip(linears[0::2], linears[1::2], strict=False):
+            plan[first], plan[second] = "colwise", "rowwise"
+    return plan
+
+
+def check_plan(model: nn.Module, plan: dict[str, str], tp: int) -> dict[str, str]:
+    """Raise MpnbError for names that match no module, non-Linear targets or unsplittable sizes."""
+    if not plan:
+        raise MpnbError(
+            f"No tensor-parallel plan for {type(model).__name__}: none of its Linear layers has a known "
+            "name (qkv/proj/fc, q_proj/o_proj, up_proj/down_proj, fc1/fc2). Set config.tensor_plan, e.g. "
+            "{'blocks.*.mlp.fc': 'colwise', 'blocks.*.mlp.proj': 'rowwise'}."
+        )
+    modules = dict(model.named_modules())
+    names = [n for n in modules if n]
+    for pattern, style in plan.items():
+        if style not in ("colwise", "rowwise"):
+            raise MpnbError(f"tensor_plan[{pattern!r}] = {style!r}: use 'colwise' or 'rowwise'.")
+        matched = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+        if not matched:
+            raise MpnbError(
+                f"tensor_plan names {pattern!r}, which matches no module of {type(model).__name__}. "
+                f"Close names: {close_names(pattern, names)}. Module names are dotted paths as in "
+                "model.named_modules(); '*' matches one level (e.g. 'blocks.*.mlp.fc')."
+            )
+        for name in matched:
+            layer = modules[name]
+            if not isinstance(layer, (nn.Linear, nn.Embedding)):
+                raise MpnbError(
+                    f"tensor_plan entry {name!r} is a {type(layer).__name__}; only nn.Linear and "
+                    "nn.Embedding layers can be split colwise/rowwise. Name the Linear layers inside it."
+                )
+            size = layer.weight.shape[0 if style == "colwise" else 1]
+            if isinstance(layer, nn.Linear) and size % tp:
+                raise MpnbError(
+                    f"{name} ({style}) splits a dimension of {size} features, which does not divide by "
+                    f"tensor_parallel={tp}. Use a tensor_parallel that divides {size}, or leave it out of "
+                    "the plan."
+                )
+    return plan
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh: Any, plan: dict[str, str]) -> None:
+    """Shard the planned layers over `tp_mesh` and divide attention head counts by the TP degree."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    parallelize_module(model, tp_mesh, {name: styles[style]() for name, style in plan.items()})
+    tp = tp_mesh.size()
+    for module in model.modules():  # attention reshapes by head count: each rank now has 1/tp of them
+        for attr in _HEAD_ATTRS:
+            value = getattr(module, attr, None)
+            if isinstance(value, int) and value % tp == 0 and _has_colwise_child(module, plan, model):
+                setattr(module, attr, value // tp)
+
+
+def _has_colwise_child(module: nn.Module, plan: dict[str, str], root: nn.Module) -> bool:
+    names = {id(m): n for n, m in root.named_modules()}
+    prefix = names.get(id(module), "")
+    for child_name, _ in module.named_children():
+        full = f"{prefix}.{child_name}" if prefix else child_name
+        if any(fnmatch.fnmatchcase(full, p) and s == "colwise" for p, s in plan.items()):
+            return True
+    return False
+
+
+def prepare(
+    model: nn.Module, optimizer: Optimizer, config: Any, ctx: EngineContext, loss_fn: LossFn | None
+) -> Trainer:
+    tp = config.tensor_parallel
+    dp = ctx.world_size // tp
+    plan = check_plan(model, dict(config.tensor_plan) or default_plan(model), tp)  # before any collective
+    names = parameter_names(model)
+    model.to(ctx.device)
+    mesh = build_mesh(ctx, dp=dp, tp=tp)
+    apply_tensor_parallel(model, mesh["tp"], plan)
+    if config.activation_checkpointing:
+        apply_activation_checkpointing(model)
+    if dp > 1:
+        apply_fsdp(model, mesh["dp"], config)
+    trainer = TensorTrainer(
+        model,
+        rebuild_optimizer(optimizer, names, model),
+        config,
+        loss_fn,
+        device=ctx.device,
+        dp_rank=mesh["dp"].get_local_rank(),
+        dp_size=dp,
+        dp_group=mesh["dp"].get_group(),
+    )
+    if dp > 1:
+        trainer._autocast_dtype = None  # FSDP2's MixedPrecisionPolicy does the casting
+    return trainer

@@ -1,0 +1,290 @@
+"""`Trainer`: one training step under whatever strategy `mpnb.prepare` applied.
+
+The base class is the torch-native loop (DDP, FSDP2, tensor parallel, and one
+process without a process group); DeepSpeed and pipeline override the parts
+that differ (`_train_step`, `_eval_loss`, the memory and checkpoint hooks).
+
+Data: every rank calls `step(batch)` with the same *global* batch, and the
+trainer keeps its data-parallel rank's contiguous slice of rows (`shard`).
+Ranks that differ only in the model-parallel dimensions (tensor, pipeline) see
+the same slice. So the loss of a run depends on the global batch only, and
+matches a single-process run on the same batches. If a DataLoader already
+yields per-rank batches, pass `step(batch, sharded=True)`.
+
+Loss: `step` returns the global mean loss (mean over the data-parallel ranks
+of each rank's mean loss; slices are equal, so this is the mean over the
+global batch), the same float on every rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from mpnb.errors import MpnbError
+
+Batch = tuple[Any, Any]
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def cross_entropy(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Default loss: cross-entropy over the last dimension (logits of any rank)."""
+    return nn.functional.cross_entropy(output.float().reshape(-1, output.shape[-1]), targets.reshape(-1))
+
+
+def tensor_bytes(t: torch.Tensor | None) -> int:
+    """Bytes this rank holds for `t`: the local shard of a DTensor, else the tensor itself."""
+    if t is None:
+        return 0
+    if hasattr(t, "to_local"):  # DTensor (FSDP2 / tensor parallel): count the local shard only
+        t = t.to_local()
+    return t.numel() * t.element_size()
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer | None) -> int:
+    """Bytes in the optimizer's per-parameter state (Adam moments, momentum, step counters)."""
+    if optimizer is None:
+        return 0
+    return sum(
+        tensor_bytes(v) for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)
+    )
+
+
+def split_rows(x: Any, parts: int, index: int | None = None) -> Any:
+    """Split a tensor (or a tuple/list/dict of tensors) into `parts` equal row chunks along dim 0."""
+    if torch.is_tensor(x):
+        if x.shape[0] % parts:
+            raise MpnbError(
+                f"A batch of {x.shape[0]} rows cannot be split into {parts} equal parts "
+                f"(data-parallel ranks x grad_accum_steps, or pipeline microbatches). "
+                f"Use a global batch size that is a multiple of {parts}."
+            )
+        chunks = x.chunk(parts)
+        return chunks if index is None else chunks[index]
+    if isinstance(x, dict):
+        split = {k: split_rows(v, parts, index) for k, v in x.items()}
+        if index is not None:
+            return split
+        return [{k: v[i] for k, v in split.items()} for i in range(parts)]
+    if isinstance(x, (tuple, list)):
+        split = [split_rows(v, parts, index) for v in x]
+        if index is not None:
+            return type(x)(split)
+        return [type(x)(v[i] for v in split) for i in range(parts)]
+    raise MpnbError(f"Cannot split a batch element of type {type(x).__name__}; pass tensors.")
+
+
+def move(x: Any, device: torch.device, float_dtype: torch.dtype | None = None) -> Any:
+    """Move tensors to `device`, casting floating ones to `float_dtype` when given."""
+    if torch.is_tensor(x):
+        if float_dtype is not None and x.is_floating_point():
+            return x.to(device=device, dtype=float_dtype)
+        return x.to(device)
+    if isinstance(x, dict):
+        return {k: move(v, device, float_dtype) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)(move(v, device, float_dtype) for v in x)
+    return x
+
+
+def call_model(model: nn.Module, inputs: Any) -> torch.Tensor:
+    """Inputs may be one tensor, a tuple of positional args or a dict of keyword args (HF style)."""
+    if isinstance(inputs, dict):
+        out = model(**inputs)
+    elif isinstance(inputs, (tuple, list)):
+        out = model(*inputs)
+    else:
+        out = model(inputs)
+    return out.logits if hasattr(out, "logits") else out
+
+
+class Trainer:
+    """Forward, backward and optimizer step for one prepared model on this rank.
+
+    Attributes: `model` (the wrapped model: DDP, FSDP2-sharded, TP-parallelised,
+    a DeepSpeed engine, or this rank's pipeline stage), `optimizer`, `config`
+    (the `mpnb.Config` applied), `loss_fn`, `steps` (optimizer steps taken).
+    """
+
+    strategy = "local"
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        config: Any,
+        loss_fn: LossFn | None = None,
+        *,
+        device: torch.device | None = None,
+        dp_rank: int = 0,
+        dp_size: int = 1,
+        dp_group: dist.ProcessGroup | None = None,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.config = config
+        self.loss_fn: LossFn = loss_fn or cross_entropy
+        self.device = device or torch.device("cpu")
+        self.dp_rank, self.dp_size, self.dp_group = dp_rank, dp_size, dp_group
+        self.steps = 0
+        self._grad_bytes_at_backward = 0
+        self._autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.precision)
+        self._scaler = torch.amp.GradScaler(self.device.type) if config.precision == "fp16" else None
+
+    # ---- data ------------------------------------------------------------------------------------
+    def shard(self, batch: Batch) -> Batch:
+        """This data-parallel rank's contiguous slice of the rows of a global batch."""
+        if self.dp_size == 1:
+            return batch
+        return split_rows(batch, self.dp_size, self.dp_rank)
+
+    def _prepare_batch(self, batch: Batch, sharded: bool) -> Batch:
+        if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+            raise MpnbError("A batch is a pair (inputs, targets); got " + type(batch).__name__ + ".")
+        return move(batch if sharded else self.shard(batch), self.device)
+
+    # ---- the step --------------------------------------------------------------------------------
+    def step(self, batch: Batch, *, sharded: bool = False) -> float:
+        """One optimizer step on a global batch; returns the global mean loss (same on every rank)."""
+        inputs, targets = self._prepare_batch(batch, sharded)
+        local = self._train_step(inputs, targets)
+        self.steps += 1
+        return self._global_mean(local)
+
+    @torch.no_grad()
+    def eval_step(self, batch: Batch, *, sharded: bool = False) -> float:
+        """Loss on a global batch without updating anything."""
+        inputs, targets = self._prepare_batch(batch, sharded)
+        self.model.eval()
+        try:
+            local = self._eval_loss(inputs, targets)
+        finally:
+            self.model.train()
+        return self._global_mean(local)
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self._autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self._autocast_dtype)
+
+    def _no_sync(self, sync: bool) -> contextlib.AbstractContextManager:
+        """Skip the gradient all-reduce on all but the last accumulation micro-step (DDP, FSDP2)."""
+        return contextlib.nullcontext()
+
+    def _micro_batches(self, inputs: Any, targets: Any) -> Iterator[tuple[Any, Any]]:
+        n = self.config.grad_accum_steps
+        if n == 1:
+            yield inputs, targets
+            return
+        yield from zip(split_rows(inputs, n), split_rows(targets, n), strict=True)
+
+    def _train_step(self, inputs: Any, targets: Any) -> torch.Tensor:
+        assert self.optimizer is not None
+        self.optimizer.zero_grad(set_to_none=True)
+        n = self.config.grad_accum_steps
+        total = torch.zeros((), device=self.device)
+        for i, (x, y) in enumerate(self._micro_batches(inputs, targets)):
+            with self._no_sync(i == n - 1), self._autocast():
+                loss = self.loss_fn(call_model(self.model, x), y) / n
+            (self._scaler.scale(loss) if self._scaler else loss).backward()
+            total += loss.detach().float()
+        self._grad_bytes_at_backward = self._gradient_bytes()
+        if self._scaler:
+            self._scaler.step(self.optimizer)
+            self._scaler.update()
+        else:
+            self.optimizer.step()
+        return total
+
+    def _eval_loss(self, inputs: Any, targets: Any) -> torch.Tensor:
+        with self._autocast():
+            return self.loss_fn(call_model(self.model, inputs), targets).detach().float()
+
+    def _global_mean(self, local: torch.Tensor) -> float:
+        if self.dp_size > 1:
+            local = local.clone()
+            dist.all_reduce(local, op=dist.ReduceOp.SUM, group=self.dp_group)
+            local /= self.dp_size
+        return float(local)
+
+    # ---- memory ----------------------------------------------------------------------------------
+    def _parameter_bytes(self) -> int:
+        return sum(tensor_bytes(p) for p in self.model.parameters())
+
+    def _gradient_bytes(self) -> int:
+        return sum(tensor_bytes(p.grad) for p in self.model.parameters())
+
+    def _optimizer_bytes(self) -> int:
+        return optimizer_state_bytes(self.optimizer)
+
+    def _buffer_bytes(self) -> int:
+        return sum(tensor_bytes(b) for b in self.model.buffers())
+
+    def memory_breakdown(self) -> dict[str, int]:
+        """Bytes of model state this rank holds, counted from its local tensors and shards.
+
+        `gradients` is what the rank held at the end of the last backward (the
+        peak of a step: some strategies free gradients in the optimizer step);
+        `buffers` are module buffers plus communication buffers the strategy keeps.
+        """
+        return {
+            "parameters": self._parameter_bytes(),
+            "gradients": self._grad_bytes_at_backward,
+            "optimizer": self._optimizer_bytes(),
+            "buffers": self._buffer_bytes(),
+        }
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Full (unsharded) model and optimizer state keyed by parameter names, on every rank.
+
+        The names are those of the unwrapped model, so the dict loads under any
+        other strategy (`load_state_dict`); save it with `torch.save` from rank 0.
+        """
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        opts = StateDictOptions(full_state_dict=True)
+        sd: dict[str, Any] = {
+            "model": {k: v.detach().cpu() for k, v in get_model_state_dict(self.model, options=opts).items()},
+            "steps": self.steps,
+            "strategy": self.strategy,
+        }
+        if self.optimizer is not None:
+            sd["optimizer"] = _to_cpu(get_optimizer_state_dict(self.model, self.optimizer, options=opts))
+        return sd
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """Load a dict from `state_dict()` of a trainer under any strategy."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        opts = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self.model, sd["model"], options=opts)
+        if self.optimizer is not None and sd.get("optimizer"):
+            set_optimizer_state_dict(self.model, self.optimizer, sd["optimizer"], options=opts)
+        self.steps = sd.get("steps", 0)
+
+    def __repr__(self) -> str:
+        return f"<mpnb.Trainer {self.strategy} dp={self.dp_rank}/{self.dp_size} steps={self.steps}>"
+
+
+def _to_cpu(x: Any) -> Any:
+    if torch.is_tensor(x):
+        return x.detach().cpu()
+    if isinstance(x, dict):
+        return {k: _to_cpu(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_cpu(v) for v in x)
+    return x
