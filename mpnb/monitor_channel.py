@@ -10,6 +10,7 @@ replayed messages are dropped and counted) and hands the samples to a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket as pysocket
 import threading
@@ -164,3 +165,51 @@ def bind_interface(client: Any) -> str:
         return pysocket.gethostbyname(location)
     except OSError:
         return "127.0.0.1"
+
+
+# ---------------------------------------------------------------------------- session wiring
+
+
+def attach(session: Any, busy_hz: float | None = None, idle_hz: float | None = None) -> MonitorChannel:
+    """Listen for this session's samples and start the sampler on every rank.
+
+    Called by `mpnb.cluster` after start, connect and restart (restarted engines
+    are new processes, so their samplers start again; the kernel end is reused).
+    The channel is kept as `session.monitor_channel`.
+    """
+    from mpnb.engine import monitor  # the function is sent by reference; importing it here is torch-free
+
+    channel: MonitorChannel | None = getattr(session, "monitor_channel", None)
+    if channel is None or not channel.running:
+        client = session.client
+        channel = MonitorChannel(
+            session.memory,
+            key=client.session.key,
+            signature_scheme=client.session.signature_scheme,
+            interface=bind_interface(client),
+        )
+        channel.start()
+        session.monitor_channel = channel
+    rates = {
+        "busy_hz": busy_hz if busy_hz is not None else monitor.DEFAULT_BUSY_HZ,
+        "idle_hz": idle_hz if idle_hz is not None else monitor.DEFAULT_IDLE_HZ,
+    }
+    try:
+        session.view().apply_sync(monitor.start, channel.endpoint, **rates)
+    except Exception:
+        channel.stop()
+        session.monitor_channel = None
+        raise
+    return channel
+
+
+def detach(session: Any, timeout: float = 5.0) -> None:
+    """Stop every rank's sampler (best effort: engines may be dead) and close the kernel end."""
+    from mpnb.engine import monitor
+
+    with contextlib.suppress(Exception):
+        session.view().apply_async(monitor.stop).wait(timeout)
+    channel: MonitorChannel | None = getattr(session, "monitor_channel", None)
+    if channel is not None:
+        channel.stop()
+        session.monitor_channel = None

@@ -48,6 +48,7 @@ def set_busy(busy: bool) -> None:
 def _on_pre_execute(*_: Any) -> None:
     global _executing
     _executing = True
+    reset_peak()  # each cell gets its own peak
     _wake()
 
 

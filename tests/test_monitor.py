@@ -1,0 +1,270 @@
+"""The memory side channel: engine sampler threads -> signed ZMQ -> the kernel's MemoryStore.
+
+A real 2-engine CPU cluster; only CUDA and NVML are faked, behind the readers' narrow interface.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import zmq
+from jupyter_client.session import Session
+
+from mpnb import monitor_channel
+from mpnb.engine import monitor
+from mpnb.engine.memory_readers import CpuReader, CudaReader, MemoryReading
+from mpnb.memory import MemoryStore
+
+
+@pytest.fixture(scope="module")
+def sess(cluster):
+    if getattr(cluster, "monitor_channel", None) is None:  # until the session starts it by itself
+        monitor_channel.attach(cluster)
+    return cluster
+
+
+def _window(store: MemoryStore, rank: int, t0: float, t1: float) -> list[dict]:
+    return [s for s in store.samples(rank) if t0 <= s["t"] <= t1]
+
+
+def _wait_for(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_samples_arrive_at_10hz_while_a_cell_runs(sess):
+    store = sess.memory
+    assert _wait_for(lambda: set(store.ranks()) >= {0, 1}), "no samples from the engines at all"
+    t0 = time.time()
+    sess.view().execute("import time; time.sleep(2)", block=True)
+    t1 = time.time()
+    for rank in (0, 1):
+        busy = [s for s in _window(store, rank, t0, t1) if s["busy"]]
+        # 2 s at 10 Hz is 20; a loaded 2-core machine may lose a few
+        assert len(busy) >= 12, f"rank {rank}: only {len(busy)} busy samples in {t1 - t0:.1f} s"
+        sample = busy[-1]
+        assert sample["rank"] == rank and sample["device_kind"] == "cpu"
+        assert sample["used"] > 50 * 2**20 and sample["peak"] >= sample["used"]
+        assert sample["capacity"] > sample["used"] and sample["device_used"] is None
+        parts = sample["parameters"] + sample["gradients"] + sample["optimizer"] + sample["other"]
+        assert parts == sample["used"]  # no trainer yet: everything is "other"
+
+
+def test_idle_rate_is_about_1hz(sess):
+    store = sess.memory
+    time.sleep(1.2)  # let the previous cell's busy tail pass
+    t0 = time.time()
+    time.sleep(4.0)
+    t1 = time.time()
+    for rank in (0, 1):
+        window = _window(store, rank, t0, t1)
+        assert all(not s["busy"] for s in window)
+        assert 3 <= len(window) <= 6, f"rank {rank}: {len(window)} idle samples in 4 s"
+
+
+def test_peak_remembers_a_freed_allocation_until_the_next_cell(sess):
+    store = sess.memory
+    # rank 1 touches 200 MiB and frees it; its peak must keep it after the cell, rank 0's must not
+    code = "import time\nif rank == 1:\n    b = bytearray(200 * 2**20); del b\ntime.sleep(0.3)"
+    sess.view().execute(code, block=True)
+    ended = time.time()
+    assert _wait_for(lambda: all(any(s["t"] > ended for s in store.samples(r)) for r in (0, 1)))
+    last = {r: store.samples(r)[-1] for r in (0, 1)}
+    assert last[1]["peak"] >= last[1]["used"] + 150 * 2**20, last[1]
+    assert last[0]["peak"] < last[0]["used"] + 100 * 2**20, last[0]
+    sess.view().execute("pass", block=True)  # a new cell starts a new peak window
+    started = time.time()
+    assert _wait_for(lambda: any(s["t"] > started for s in store.samples(1)))
+    last1 = store.samples(1)[-1]
+    assert last1["peak"] < last1["used"] + 100 * 2**20, last1
+
+
+def test_rates_are_configurable(sess):
+    store = sess.memory
+    sess.view().apply_sync(monitor.configure, idle_hz=5.0)
+    try:
+        time.sleep(1.0)
+        t0 = time.time()
+        time.sleep(2.0)
+        n = len(_window(store, 0, t0, time.time()))
+        assert 7 <= n <= 13, f"{n} samples in 2 s at 5 Hz"
+    finally:
+        sess.view().apply_sync(monitor.configure, idle_hz=monitor.DEFAULT_IDLE_HZ)
+
+
+def _send(endpoint: str, frames_list: list[list[bytes]]) -> None:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 2000)
+    sock.connect(endpoint)
+    for frames in frames_list:
+        sock.send_multipart(frames)
+    sock.close()
+    ctx.term()
+
+
+def _fake_sample(rank: int) -> dict:
+    return {"rank": rank, "t": time.time(), "busy": False, "used": 1}
+
+
+def test_unsigned_badly_signed_and_replayed_messages_are_dropped(sess):
+    channel = sess.monitor_channel
+    store = sess.memory
+    dropped = channel.dropped
+    client_session = sess.client.session
+    good = Session(key=client_session.key, signature_scheme=client_session.signature_scheme)
+    bad = Session(key=b"not-the-cluster-key", signature_scheme=client_session.signature_scheme)
+
+    valid = good.serialize(good.msg(monitor.MSG_TYPE, {"samples": [_fake_sample(98)]}))
+    forged = bad.serialize(bad.msg(monitor.MSG_TYPE, {"samples": [_fake_sample(99)]}))
+    unsigned = Session(key=b"").serialize(
+        Session(key=b"").msg(monitor.MSG_TYPE, {"samples": [_fake_sample(97)]})
+    )
+    _send(channel.endpoint, [forged, unsigned, [b"garbage"], valid, valid])  # the last is a replay
+
+    assert _wait_for(lambda: channel.dropped >= dropped + 4), channel.dropped - dropped
+    assert len(store.samples(98)) == 1  # the authentic one got through, its replay did not
+    assert store.samples(99) == [] and store.samples(97) == []
+
+
+def test_engine_with_the_wrong_key_is_ignored(sess):
+    """A sampler that signs with another key gets nothing into the store; the right key is restored."""
+    channel = sess.monitor_channel
+    store = sess.memory
+    rank1 = sess.view([1])
+    rank1.apply_sync(monitor.start, channel.endpoint, key=b"wrong-key", idle_hz=10.0)
+    try:
+        time.sleep(0.3)
+        dropped, t0 = channel.dropped, time.time()
+        time.sleep(1.5)
+        assert _window(store, 1, t0, time.time()) == []
+        assert channel.dropped >= dropped + 8
+        assert len(_window(store, 0, t0, time.time())) >= 1  # rank 0 is unaffected
+    finally:
+        rank1.apply_sync(monitor.start, channel.endpoint)
+    assert _wait_for(lambda: any(s["t"] > time.time() - 1 for s in store.samples(1)), 5)
+
+
+# -- readers (CUDA and NVML are the only fakes; the real path runs in benchmarks/gpu_check.py)
+
+
+class FakeCuda:
+    """torch.cuda's counters as a caching allocator would report them."""
+
+    def __init__(self) -> None:
+        self.stats = {
+            "allocated_bytes.all.current": 3 * 2**30,
+            "reserved_bytes.all.current": 4 * 2**30,
+            "allocated_bytes.all.peak": 5 * 2**30,
+            "num_ooms": 2,
+        }
+        self.resets = 0
+
+    def memory_stats(self, device: int) -> dict:
+        assert device == 0
+        return dict(self.stats)
+
+    def reset_peak_memory_stats(self, device: int) -> None:
+        self.resets += 1
+        self.stats["allocated_bytes.all.peak"] = self.stats["allocated_bytes.all.current"]
+
+    def total_memory(self, device: int) -> int:
+        return 80 * 2**30
+
+
+class FakeNvml:
+    def __init__(self) -> None:
+        self.fail = False
+
+    def device_memory(self) -> tuple[int, int]:
+        if self.fail:
+            raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
+        return 6 * 2**30, 81 * 2**30
+
+
+def test_cuda_reader_maps_torch_and_nvml_numbers():
+    cuda, nvml = FakeCuda(), FakeNvml()
+    reader = CudaReader(0, cuda, nvml)
+    assert reader.read() == MemoryReading("cuda", 3 * 2**30, 4 * 2**30, 5 * 2**30, 81 * 2**30, 6 * 2**30, 2)
+    reader.reset_peak()
+    assert cuda.resets == 1 and reader.read().peak == 3 * 2**30
+    nvml.fail = True  # a driver error costs the device view, not the sample
+    reading = reader.read()
+    assert reading.device_used is None and reading.capacity == 80 * 2**30 and reading.used == 3 * 2**30
+    assert CudaReader(0, cuda, None).read().device_used is None
+
+
+def test_sampler_sends_cuda_samples_through_the_channel():
+    """A sampler in this process with the faked GPU, through a real signed channel."""
+    key = b"test-key"
+    store = MemoryStore()
+    channel = monitor_channel.MonitorChannel(store, key)
+    endpoint = channel.start()
+    sampler = monitor.Sampler(
+        endpoint, key, busy_hz=20, idle_hz=20, reader=CudaReader(0, FakeCuda(), FakeNvml())
+    )
+    sampler.start()
+    try:
+        assert _wait_for(lambda: len(store.samples()) >= 5, 5)
+    finally:
+        assert sampler.stop()
+        channel.stop()
+    sample = store.samples()[-1]
+    assert sample["device_kind"] == "cuda" and sample["device_used"] == 6 * 2**30
+    assert sample["used"] == 3 * 2**30 and sample["reserved"] == 4 * 2**30 and sample["oom_count"] == 2
+    assert sample["other"] == sample["used"]
+    assert not channel.running and channel.dropped == 0
+
+
+def test_cpu_reader_peak_catches_and_resets():
+    reader = CpuReader()
+    reader.reset_peak()
+    before = reader.read()
+    block = bytearray(128 * 2**20)
+    del block
+    after = reader.read()
+    assert after.peak >= before.used + 100 * 2**20
+    reader.reset_peak()
+    assert reader.read().peak < after.peak - 100 * 2**20
+
+
+def test_channel_refuses_to_run_without_a_key():
+    from mpnb.errors import ClusterError
+
+    with pytest.raises(ClusterError, match="key"):
+        monitor_channel.MonitorChannel(MemoryStore(), b"")
+
+
+def test_binds_to_the_cluster_interface_not_all_interfaces(sess):
+    assert sess.monitor_channel.endpoint.startswith("tcp://127.0.0.1:")
+
+
+# -- last: stopping the cluster stops the samples
+
+
+def test_detach_stops_every_sampler_thread(sess):
+    monitor_channel.detach(sess)
+    statuses = sess.view().apply_sync(monitor.status)
+    assert statuses == [{"running": False}, {"running": False}]
+    assert sess.monitor_channel is None
+    monitor_channel.attach(sess)
+    assert all(s["running"] for s in sess.view().apply_sync(monitor.status))
+
+
+def test_samples_stop_when_the_cluster_stops(sess):
+    import mpnb
+
+    store, channel = sess.memory, sess.monitor_channel
+    assert _wait_for(lambda: any(s["t"] > time.time() - 1.5 for s in store.samples()), 5)
+    mpnb.stop()
+    stopped = time.time()
+    count = len(store.samples())
+    time.sleep(2.5)
+    assert len(store.samples()) == count
+    assert not any(s["t"] > stopped + 0.5 for s in store.samples())
+    assert not channel.running
