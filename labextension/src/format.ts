@@ -1,0 +1,25 @@
+/** Human-readable numbers shared by the chart, the sidebar and the status bar. */
+
+const UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+
+/** 1536 -> "1.5 KiB"; three significant digits, binary units like nvidia-smi and torch. */
+export function formatBytes(bytes: number | null | undefined): string {
+  if (bytes === null || bytes === undefined || !Number.isFinite(bytes)) {
+    return '—';
+  }
+  let value = Math.abs(bytes);
+  let unit = 0;
+  while (value >= 1024 && unit < UNITS.length - 1) {
+    value /= 1024;
+    unit++;
+  }
+  const digits = unit === 0 || value >= 100 ? 0 : value >= 10 ? 1 : 2;
+  return `${bytes < 0 ? '-' : ''}${value.toFixed(digits)} ${UNITS[unit]}`;
+}
+
+/** Unix seconds -> "14:03:07" in local time. */
+export function formatClock(t: number): string {
+  const d = new Date(t * 1000);
+  const pad = (n: number): string => String(n).padStart(2, '0');
+  return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+}

@@ -1,0 +1,311 @@
+/**
+ * Per-rank memory history: what the chart draws, fed by `samples` messages
+ * (from the dashboard comm or the chart widget). Pure data, no DOM, so it is
+ * unit-tested and shared by the sidebar and the in-notebook widget.
+ */
+import { gather, minMaxIndices } from './decimate';
+import { RingBuffer } from './ringbuffer';
+
+/** One memory sample, as docs/internals.md specifies (bytes as numbers). */
+export interface IMemorySample {
+  rank: number;
+  t: number;
+  busy?: boolean;
+  device_kind?: string;
+  used: number;
+  reserved?: number;
+  peak?: number;
+  capacity?: number;
+  device_used?: number | null;
+  oom_count?: number;
+  parameters?: number;
+  gradients?: number;
+  optimizer?: number;
+  other?: number;
+}
+
+/** Stacking order, bottom to top. */
+export const CATEGORIES = ['parameters', 'gradients', 'optimizer', 'other'] as const;
+export type Category = (typeof CATEGORIES)[number];
+
+// Column layout of each rank's ring buffer.
+const T = 0;
+const CAT0 = 1; // parameters, gradients, optimizer, other: columns 1..4
+const USED = 5;
+const PEAK = 6;
+const BUSY = 7;
+const WIDTH = 8;
+
+/** What one rank's chart draws: decimated, with cumulative (stacked) tops. */
+export interface IRankSeries {
+  rank: number;
+  t: Float64Array;
+  /** Raw per-category bytes, same length as `t`. */
+  values: Record<Category, Float64Array>;
+  /** Cumulative tops: stacked[0] = parameters, stacked[3] = total. */
+  stacked: Float64Array[];
+  /** Highest stacked total in the window, and when. */
+  windowPeak: { t: number; value: number } | null;
+  /** The engine's own peak (since its last reset), from the newest sample. */
+  peak: number;
+  used: number;
+  busy: boolean;
+  capacity: number;
+  deviceKind: string;
+  estimate: number | null;
+  /** Rows kept before decimation (for tests and the benchmark). */
+  rawLength: number;
+}
+
+interface IRankData {
+  buffer: RingBuffer;
+  capacity: number;
+  deviceKind: string;
+  oomCount: number;
+}
+
+/** Highest sample rate (Hz) the buffers are sized for; faster input keeps less history. */
+export const MAX_RATE_HZ = 20;
+
+export class MemoryHistory {
+  private _ranks = new Map<number, IRankData>();
+  private _estimate = new Map<number, number>();
+  private _capacity = 0;
+  private _historySeconds: number;
+  private _listeners = new Set<() => void>();
+  private _version = 0;
+
+  constructor(historySeconds = 600) {
+    this._historySeconds = MemoryHistory._checkSeconds(historySeconds);
+  }
+
+  /** Incremented on every change; the chart redraws when it moves. */
+  get version(): number {
+    return this._version;
+  }
+
+  get historySeconds(): number {
+    return this._historySeconds;
+  }
+
+  set historySeconds(seconds: number) {
+    this._historySeconds = MemoryHistory._checkSeconds(seconds);
+    const capacity = this._bufferCapacity();
+    for (const data of this._ranks.values()) {
+      data.buffer = data.buffer.resized(capacity);
+    }
+    this._evict();
+    this._changed();
+  }
+
+  /** Device capacity override (bytes; 0 = use what the samples say). */
+  get capacity(): number {
+    return this._capacity;
+  }
+
+  set capacity(bytes: number) {
+    this._capacity = Number.isFinite(bytes) && bytes > 0 ? bytes : 0;
+    this._changed();
+  }
+
+  /** Estimated bytes per rank, drawn as a dashed line. Keys may be strings ("0"). */
+  setEstimate(estimate: Record<string, number> | null | undefined): void {
+    this._estimate.clear();
+    for (const [rank, bytes] of Object.entries(estimate ?? {})) {
+      if (Number.isFinite(Number(rank)) && Number.isFinite(bytes)) {
+        this._estimate.set(Number(rank), bytes);
+      }
+    }
+    this._changed();
+  }
+
+  estimate(rank: number): number | null {
+    return this._estimate.get(rank) ?? null;
+  }
+
+  /** Ranks ever seen (plus `expected`), ascending. */
+  ranks(expected: number[] = []): number[] {
+    return [...new Set([...this._ranks.keys(), ...expected])].sort((a, b) => a - b);
+  }
+
+  /** Rows held for a rank. */
+  length(rank: number): number {
+    return this._ranks.get(rank)?.buffer.length ?? 0;
+  }
+
+  /** The newest sample time over all ranks, or NaN. */
+  latestTime(): number {
+    let latest = NaN;
+    for (const data of this._ranks.values()) {
+      const t = data.buffer.last(T);
+      if (!(t <= latest)) {
+        latest = t;
+      }
+    }
+    return latest;
+  }
+
+  /**
+   * Append samples (any ranks, any order between ranks). A sample older than
+   * or equal to its rank's newest is a duplicate and is dropped. Returns how
+   * many were kept.
+   */
+  add(samples: IMemorySample[]): number {
+    let kept = 0;
+    const row = new Float64Array(WIDTH);
+    for (const s of samples) {
+      if (!s || !Number.isFinite(s.rank) || !Number.isFinite(s.t)) {
+        continue;
+      }
+      const data = this._rank(s.rank);
+      if (data.buffer.length > 0 && s.t <= data.buffer.last(T)) {
+        continue;
+      }
+      const parameters = num(s.parameters);
+      const gradients = num(s.gradients);
+      const optimizer = num(s.optimizer);
+      const used = num(s.used);
+      const other = s.other === undefined ? Math.max(0, used - parameters - gradients - optimizer) : num(s.other);
+      row[T] = s.t;
+      row[CAT0] = parameters;
+      row[CAT0 + 1] = gradients;
+      row[CAT0 + 2] = optimizer;
+      row[CAT0 + 3] = other;
+      row[USED] = used;
+      row[PEAK] = Math.max(num(s.peak), used);
+      row[BUSY] = s.busy ? 1 : 0;
+      data.buffer.push(row);
+      if (s.capacity) {
+        data.capacity = s.capacity;
+      }
+      if (s.device_kind) {
+        data.deviceKind = s.device_kind;
+      }
+      data.oomCount = num(s.oom_count);
+      kept++;
+    }
+    if (kept > 0) {
+      this._evict();
+      this._changed();
+    }
+    return kept;
+  }
+
+  /** Forget every sample (a `reset` message, or a new cluster). */
+  reset(): void {
+    this._ranks.clear();
+    this._changed();
+  }
+
+  /**
+   * The rows of one rank's window, decimated to about `buckets` time buckets
+   * (2 rows each at most), with stacked tops ready to draw.
+   */
+  series(rank: number, buckets: number): IRankSeries {
+    const data = this._ranks.get(rank);
+    const empty = new Float64Array(0);
+    if (!data || data.buffer.length === 0) {
+      return {
+        rank,
+        t: empty,
+        values: { parameters: empty, gradients: empty, optimizer: empty, other: empty },
+        stacked: [empty, empty, empty, empty],
+        windowPeak: null,
+        peak: 0,
+        used: 0,
+        busy: false,
+        capacity: this._capacity || (data?.capacity ?? 0),
+        deviceKind: data?.deviceKind ?? '',
+        estimate: this.estimate(rank),
+        rawLength: 0
+      };
+    }
+    const buf = data.buffer;
+    const n = buf.length;
+    const t = buf.column(T);
+    const raw = CATEGORIES.map((_, c) => buf.column(CAT0 + c));
+    const total = new Float64Array(n);
+    let peakIndex = 0;
+    for (let i = 0; i < n; i++) {
+      total[i] = raw[0][i] + raw[1][i] + raw[2][i] + raw[3][i];
+      if (total[i] > total[peakIndex]) {
+        peakIndex = i;
+      }
+    }
+    const idx = minMaxIndices(t, total, buckets);
+    const values = {} as Record<Category, Float64Array>;
+    CATEGORIES.forEach((name, c) => (values[name] = gather(raw[c], idx)));
+    const stacked: Float64Array[] = [];
+    let acc = new Float64Array(idx.length);
+    for (const name of CATEGORIES) {
+      const next = new Float64Array(idx.length);
+      const v = values[name];
+      for (let k = 0; k < idx.length; k++) {
+        next[k] = acc[k] + v[k];
+      }
+      stacked.push(next);
+      acc = next;
+    }
+    return {
+      rank,
+      t: gather(t, idx),
+      values,
+      stacked,
+      windowPeak: { t: t[peakIndex], value: total[peakIndex] },
+      peak: buf.last(PEAK),
+      used: buf.last(USED),
+      busy: buf.last(BUSY) === 1,
+      capacity: this._capacity || data.capacity,
+      deviceKind: data.deviceKind,
+      estimate: this.estimate(rank),
+      rawLength: n
+    };
+  }
+
+  /** Call `listener` after every change; returns the unsubscribe function. */
+  subscribe(listener: () => void): () => void {
+    this._listeners.add(listener);
+    return () => this._listeners.delete(listener);
+  }
+
+  private _rank(rank: number): IRankData {
+    let data = this._ranks.get(rank);
+    if (!data) {
+      data = { buffer: new RingBuffer(this._bufferCapacity(), WIDTH), capacity: 0, deviceKind: '', oomCount: 0 };
+      this._ranks.set(rank, data);
+    }
+    return data;
+  }
+
+  private _bufferCapacity(): number {
+    return Math.ceil(this._historySeconds * MAX_RATE_HZ) + 16;
+  }
+
+  /** Keep only the last `historySeconds` relative to the newest sample of any rank. */
+  private _evict(): void {
+    const latest = this.latestTime();
+    if (Number.isFinite(latest)) {
+      for (const data of this._ranks.values()) {
+        data.buffer.dropBelow(T, latest - this._historySeconds);
+      }
+    }
+  }
+
+  private _changed(): void {
+    this._version++;
+    for (const listener of [...this._listeners]) {
+      listener();
+    }
+  }
+
+  private static _checkSeconds(seconds: number): number {
+    if (!(Number.isFinite(seconds) && seconds > 0)) {
+      throw new Error(`history_seconds must be a positive number of seconds, got ${seconds}`);
+    }
+    return seconds;
+  }
+}
+
+function num(value: number | null | undefined): number {
+  return typeof value === 'number' && Number.isFinite(value) ? value : 0;
+}

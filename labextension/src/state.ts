@@ -1,0 +1,224 @@
+/**
+ * The dashboard's view of one kernel: what the `mpnb.dashboard` comm said
+ * last, folded by a pure reducer so the sidebar, the status bar and the cell
+ * markers agree and the logic is unit-tested without a browser.
+ */
+import type { IMemorySample } from './history';
+
+export type RankCellStatus = 'running' | 'done' | 'failed' | 'stopped';
+
+export interface IRankState {
+  rank: number;
+  host: string;
+  pid: number | null;
+  device: string;
+  alive: boolean;
+  busy: boolean;
+}
+
+export interface IClusterState {
+  ranks: IRankState[];
+  backend: string;
+  world_size: number;
+}
+
+export interface ICellState {
+  id: string | null;
+  status: RankCellStatus;
+  ranks: Record<string, RankCellStatus>;
+}
+
+/**
+ * connecting: comm opened, no answer yet. connected: the kernel answered.
+ * unavailable: the kernel closed the comm at once (mpnb is not loaded there).
+ * no-kernel: the notebook has no running kernel.
+ */
+export type ConnectionStatus = 'no-kernel' | 'connecting' | 'connected' | 'unavailable';
+
+export interface IDashboardState {
+  connection: ConnectionStatus;
+  cluster: IClusterState | null;
+  strategy: string;
+  cell: ICellState | null;
+  estimate: Record<string, number>;
+}
+
+export const INITIAL_STATE: IDashboardState = {
+  connection: 'no-kernel',
+  cluster: null,
+  strategy: '',
+  cell: null,
+  estimate: {}
+};
+
+/** Everything that changes the state: comm messages plus connection events. */
+export type DashboardEvent =
+  | { type: 'state'; cluster?: unknown; strategy?: unknown; cell?: unknown; estimate?: unknown }
+  | { type: 'samples'; samples: IMemorySample[] }
+  | { type: 'connecting' }
+  | { type: 'unavailable' }
+  | { type: 'no-kernel' };
+
+export function reduce(state: IDashboardState, event: DashboardEvent): IDashboardState {
+  switch (event.type) {
+    case 'state':
+      return {
+        connection: 'connected',
+        cluster: parseCluster(event.cluster),
+        strategy: typeof event.strategy === 'string' ? event.strategy : '',
+        cell: parseCell(event.cell),
+        estimate: parseEstimate(event.estimate)
+      };
+    case 'samples':
+      return applySamples(state, event.samples);
+    case 'connecting':
+      return { ...INITIAL_STATE, connection: 'connecting' };
+    case 'unavailable':
+      return { ...INITIAL_STATE, connection: 'unavailable' };
+    case 'no-kernel':
+      return { ...INITIAL_STATE };
+    default:
+      return state;
+  }
+}
+
+/** Samples carry each rank's `busy` flag more often than `state` messages do. */
+function applySamples(state: IDashboardState, samples: IMemorySample[]): IDashboardState {
+  if (!state.cluster || !Array.isArray(samples) || samples.length === 0) {
+    return state;
+  }
+  const busy = new Map<number, { t: number; busy: boolean }>();
+  for (const s of samples) {
+    const seen = busy.get(s.rank);
+    if (typeof s.busy === 'boolean' && (!seen || s.t >= seen.t)) {
+      busy.set(s.rank, { t: s.t, busy: s.busy });
+    }
+  }
+  let changed = false;
+  const ranks = state.cluster.ranks.map(r => {
+    const b = busy.get(r.rank);
+    if (b && b.busy !== r.busy) {
+      changed = true;
+      return { ...r, busy: b.busy };
+    }
+    return r;
+  });
+  return changed ? { ...state, cluster: { ...state.cluster, ranks } } : state;
+}
+
+function parseCluster(value: unknown): IClusterState | null {
+  if (!value || typeof value !== 'object') {
+    return null;
+  }
+  const v = value as Record<string, unknown>;
+  const ranks = Array.isArray(v.ranks) ? v.ranks : [];
+  const parsed: IRankState[] = ranks
+    .filter((r): r is Record<string, unknown> => !!r && typeof r === 'object')
+    .map(r => ({
+      rank: Number(r.rank),
+      host: String(r.host ?? ''),
+      pid: typeof r.pid === 'number' ? r.pid : null,
+      device: String(r.device ?? ''),
+      alive: r.alive !== false,
+      busy: r.busy === true
+    }))
+    .filter(r => Number.isFinite(r.rank))
+    .sort((a, b) => a.rank - b.rank);
+  return {
+    ranks: parsed,
+    backend: String(v.backend ?? ''),
+    world_size: typeof v.world_size === 'number' ? v.world_size : parsed.length
+  };
+}
+
+const CELL_STATUSES: RankCellStatus[] = ['running', 'done', 'failed', 'stopped'];
+
+function isCellStatus(value: unknown): value is RankCellStatus {
+  return CELL_STATUSES.includes(value as RankCellStatus);
+}
+
+function parseCell(value: unknown): ICellState | null {
+  if (!value || typeof value !== 'object') {
+    return null;
+  }
+  const v = value as Record<string, unknown>;
+  if (!isCellStatus(v.status)) {
+    return null;
+  }
+  const ranks: Record<string, RankCellStatus> = {};
+  if (v.ranks && typeof v.ranks === 'object') {
+    for (const [rank, status] of Object.entries(v.ranks as Record<string, unknown>)) {
+      if (isCellStatus(status)) {
+        ranks[rank] = status;
+      }
+    }
+  }
+  return { id: v.id === null || v.id === undefined ? null : String(v.id), status: v.status, ranks };
+}
+
+function parseEstimate(value: unknown): Record<string, number> {
+  const out: Record<string, number> = {};
+  if (value && typeof value === 'object') {
+    for (const [rank, bytes] of Object.entries(value as Record<string, unknown>)) {
+      if (typeof bytes === 'number' && Number.isFinite(bytes)) {
+        out[rank] = bytes;
+      }
+    }
+  }
+  return out;
+}
+
+/** "ZeRO-2 · fp32 · mb 8" -> "ZeRO-2": the part the status bar has room for. */
+export function shortStrategy(line: string): string {
+  return line.split('·')[0].trim();
+}
+
+/** Ranks of the running distributed cell that have not finished yet. */
+export function busyRanks(state: IDashboardState): number[] {
+  if (state.cell?.status === 'running') {
+    const running = Object.entries(state.cell.ranks)
+      .filter(([, status]) => status === 'running')
+      .map(([rank]) => Number(rank));
+    if (running.length > 0 || Object.keys(state.cell.ranks).length > 0) {
+      return running.sort((a, b) => a - b);
+    }
+  }
+  return (state.cluster?.ranks ?? []).filter(r => r.busy).map(r => r.rank);
+}
+
+/** One word for what the cluster is doing. */
+export function activity(state: IDashboardState): string {
+  const cluster = state.cluster;
+  if (!cluster) {
+    return 'no cluster';
+  }
+  const dead = cluster.ranks.filter(r => !r.alive).length;
+  if (dead > 0) {
+    return `${dead} rank${dead === 1 ? '' : 's'} down`;
+  }
+  if (state.cell?.status === 'running' || cluster.ranks.some(r => r.busy)) {
+    return 'running';
+  }
+  return 'idle';
+}
+
+/**
+ * The status bar text, e.g. "mpnb · 2 ranks · ZeRO-2 · running"; null hides
+ * the item (mpnb is not loaded in this kernel, or there is no kernel).
+ */
+export function statusText(state: IDashboardState): string | null {
+  if (state.connection !== 'connected') {
+    return null;
+  }
+  if (!state.cluster) {
+    return 'mpnb · no cluster';
+  }
+  const n = state.cluster.world_size || state.cluster.ranks.length;
+  const parts = ['mpnb', `${n} rank${n === 1 ? '' : 's'}`];
+  const strategy = shortStrategy(state.strategy);
+  if (strategy) {
+    parts.push(strategy);
+  }
+  parts.push(activity(state));
+  return parts.join(' · ');
+}

@@ -1,0 +1,53 @@
+/** Status bar item "mpnb · 2 ranks · ZeRO-2 · running"; clicking opens the sidebar. */
+import { ISignal, Signal } from '@lumino/signaling';
+import { Widget } from '@lumino/widgets';
+
+import { mpnbIcon } from './icons';
+import { ConnectionRegistry } from './registry';
+import { statusText } from './state';
+
+export class StatusItem extends Widget {
+  private _text: string | null = null;
+  private _label: HTMLSpanElement;
+  private _activeChanged = new Signal<this, void>(this);
+
+  constructor(
+    private _registry: ConnectionRegistry,
+    onClick: () => void
+  ) {
+    super();
+    this.addClass('mpnb-status-item');
+    this.addClass('jp-StatusBar-GroupItem');
+    const icon = mpnbIcon.element({ tag: 'span', className: 'mpnb-status-icon' });
+    this._label = document.createElement('span');
+    this._label.className = 'mpnb-status-text jp-StatusBar-TextItem';
+    this.node.append(icon, this._label);
+    this.node.title = 'Open the Distributed sidebar';
+    this.node.onclick = onClick;
+    _registry.currentChanged.connect(() => this._update());
+    _registry.currentStateChanged.connect(() => this._update());
+    this._update();
+  }
+
+  /** The text shown, or null when hidden. */
+  get text(): string | null {
+    return this._text;
+  }
+
+  get activeChanged(): ISignal<this, void> {
+    return this._activeChanged;
+  }
+
+  private _update(): void {
+    const state = this._registry.current?.state;
+    const text = state ? statusText(state) : null;
+    if (text !== this._text) {
+      const wasActive = this._text !== null;
+      this._text = text;
+      this._label.textContent = text ?? '';
+      if (wasActive !== (text !== null)) {
+        this._activeChanged.emit();
+      }
+    }
+  }
+}

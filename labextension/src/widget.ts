@@ -1,0 +1,89 @@
+/**
+ * ipywidgets front end of `mpnb.memory.MemoryChart` (contract in
+ * docs/internals.md): synced traits `ranks`, `estimate`, `capacity`,
+ * `history_seconds`; custom messages {type: "samples"} and {type: "reset"}.
+ * The history lives on the model so every view of one widget shows the same
+ * data, including samples that arrived before the view was created.
+ */
+import { DOMWidgetModel, DOMWidgetView } from '@jupyter-widgets/base';
+import type { Message } from '@lumino/messaging';
+
+import { MemoryChart } from './chart';
+import { IMemorySample, MemoryHistory } from './history';
+
+export const MODULE_NAME = 'mpnb';
+export const MODULE_VERSION = '0.1.0';
+
+export class MemoryChartModel extends DOMWidgetModel {
+  // `declare`: Backbone calls initialize() from its constructor, before field initialisers would run.
+  declare history: MemoryHistory;
+
+  defaults(): Backbone.ObjectHash {
+    return {
+      ...super.defaults(),
+      _model_name: 'MemoryChartModel',
+      _model_module: MODULE_NAME,
+      _model_module_version: MODULE_VERSION,
+      _view_name: 'MemoryChartView',
+      _view_module: MODULE_NAME,
+      _view_module_version: MODULE_VERSION,
+      ranks: [],
+      estimate: {},
+      capacity: 0,
+      history_seconds: 600
+    };
+  }
+
+  initialize(attributes: Backbone.ObjectHash, options: any): void {
+    super.initialize(attributes, options);
+    this.history = new MemoryHistory(positive(this.get('history_seconds'), 600));
+    this.history.setEstimate(this.get('estimate'));
+    this.history.capacity = Number(this.get('capacity')) || 0;
+    this.on('change:estimate', () => this.history.setEstimate(this.get('estimate')));
+    this.on('change:capacity', () => (this.history.capacity = Number(this.get('capacity')) || 0));
+    this.on('change:history_seconds', () => {
+      this.history.historySeconds = positive(this.get('history_seconds'), this.history.historySeconds);
+    });
+    this.on('msg:custom', (content: { type?: string; samples?: IMemorySample[] }) => {
+      if (content?.type === 'samples' && Array.isArray(content.samples)) {
+        this.history.add(content.samples);
+      } else if (content?.type === 'reset') {
+        this.history.reset();
+      }
+    });
+  }
+}
+
+export class MemoryChartView extends DOMWidgetView {
+  declare chart: MemoryChart | undefined;
+
+  render(): void {
+    const model = this.model as MemoryChartModel;
+    this.el.classList.add('mpnb-memory-widget');
+    this.chart = new MemoryChart(model.history, { ranks: ranksOf(model.get('ranks')), plotHeight: 150 });
+    this.el.appendChild(this.chart.node);
+    this.listenTo(model, 'change:ranks', () => this.chart?.setRanks(ranksOf(model.get('ranks'))));
+  }
+
+  processLuminoMessage(msg: Message): void {
+    super.processLuminoMessage(msg);
+    if (msg.type === 'after-attach' || msg.type === 'after-show' || msg.type === 'resize') {
+      this.chart?.requestDraw();
+    }
+  }
+
+  remove(): any {
+    this.chart?.dispose();
+    this.chart = undefined;
+    return super.remove();
+  }
+}
+
+function positive(value: unknown, fallback: number): number {
+  const n = Number(value);
+  return Number.isFinite(n) && n > 0 ? n : fallback;
+}
+
+function ranksOf(value: unknown): number[] {
+  return Array.isArray(value) ? value.map(Number).filter(Number.isFinite) : [];
+}

@@ -1,0 +1,99 @@
+import { describe, expect, it } from 'vitest';
+
+import { activity, busyRanks, INITIAL_STATE, reduce, shortStrategy, statusText } from '../src/state';
+
+const stateMessage = {
+  type: 'state' as const,
+  cluster: {
+    ranks: [
+      { rank: 1, host: 'h', pid: 11, device: 'cpu', alive: true, busy: false },
+      { rank: 0, host: 'h', pid: 10, device: 'cpu', alive: true, busy: false }
+    ],
+    backend: 'gloo',
+    world_size: 2
+  },
+  strategy: 'ZeRO-2 · fp32 · mb 8',
+  cell: null
+};
+
+describe('reduce', () => {
+  it('parses a state message, sorting ranks', () => {
+    const s = reduce(INITIAL_STATE, stateMessage);
+    expect(s.connection).toBe('connected');
+    expect(s.cluster?.ranks.map(r => r.rank)).toEqual([0, 1]);
+    expect(s.cluster?.backend).toBe('gloo');
+    expect(s.strategy).toBe('ZeRO-2 · fp32 · mb 8');
+    expect(s.cell).toBeNull();
+  });
+
+  it('tolerates malformed fields instead of breaking the sidebar', () => {
+    const s = reduce(INITIAL_STATE, {
+      type: 'state',
+      cluster: { ranks: [null, { rank: 'x' }, { rank: 2 }] },
+      strategy: 5,
+      cell: { status: 'bogus' },
+      estimate: { '0': 'a', '1': 7 }
+    });
+    expect(s.cluster?.ranks.map(r => r.rank)).toEqual([2]);
+    expect(s.cluster?.world_size).toBe(1);
+    expect(s.strategy).toBe('');
+    expect(s.cell).toBeNull();
+    expect(s.estimate).toEqual({ '1': 7 });
+  });
+
+  it('updates busy flags from samples, keeping identity when nothing changed', () => {
+    const s = reduce(INITIAL_STATE, stateMessage);
+    const same = reduce(s, { type: 'samples', samples: [{ rank: 0, t: 1, used: 1, busy: false }] });
+    expect(same).toBe(s);
+    const busy = reduce(s, {
+      type: 'samples',
+      samples: [
+        { rank: 0, t: 2, used: 1, busy: true },
+        { rank: 0, t: 1, used: 1, busy: false }
+      ]
+    });
+    expect(busy.cluster?.ranks[0].busy).toBe(true);
+    expect(busy.cluster?.ranks[1].busy).toBe(false);
+  });
+
+  it('resets on connection events', () => {
+    const s = reduce(INITIAL_STATE, stateMessage);
+    expect(reduce(s, { type: 'unavailable' })).toEqual({ ...INITIAL_STATE, connection: 'unavailable' });
+    expect(reduce(s, { type: 'no-kernel' }).cluster).toBeNull();
+  });
+});
+
+describe('status text', () => {
+  it('reads "mpnb · 2 ranks · ZeRO-2 · idle/running"', () => {
+    const s = reduce(INITIAL_STATE, stateMessage);
+    expect(statusText(s)).toBe('mpnb · 2 ranks · ZeRO-2 · idle');
+    const running = reduce(s, {
+      ...stateMessage,
+      cell: { id: 'c1', status: 'running', ranks: { '0': 'running', '1': 'done' } }
+    });
+    expect(statusText(running)).toBe('mpnb · 2 ranks · ZeRO-2 · running');
+    expect(busyRanks(running)).toEqual([0]);
+  });
+
+  it('is hidden without mpnb, says so without a cluster, and reports dead ranks', () => {
+    expect(statusText(INITIAL_STATE)).toBeNull();
+    expect(statusText(reduce(INITIAL_STATE, { type: 'unavailable' }))).toBeNull();
+    expect(statusText(reduce(INITIAL_STATE, { type: 'state', cluster: null }))).toBe('mpnb · no cluster');
+    const one = reduce(INITIAL_STATE, {
+      type: 'state',
+      cluster: { ranks: [{ rank: 0, alive: false }], backend: 'gloo', world_size: 1 },
+      strategy: 'DDP · fp32'
+    });
+    expect(statusText(one)).toBe('mpnb · 1 rank · DDP · 1 rank down');
+    expect(activity(one)).toBe('1 rank down');
+  });
+
+  it('falls back to busy ranks when no cell is running', () => {
+    const s = reduce(INITIAL_STATE, stateMessage);
+    const b = reduce(s, { type: 'samples', samples: [{ rank: 1, t: 1, used: 1, busy: true }] });
+    expect(busyRanks(b)).toEqual([1]);
+    expect(activity(b)).toBe('running');
+    expect(shortStrategy('FSDP · bf16')).toBe('FSDP');
+    expect(shortStrategy('')).toBe('');
+  });
+});
