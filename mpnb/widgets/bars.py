@@ -1,0 +1,138 @@
+"""Stacked per-rank memory bars as plain HTML, for the config panel.
+
+HTML with inline styles redraws instantly inside an `ipywidgets.HTML` and needs
+no front-end code or matplotlib. Every element has a stable `mpnb-panel-*`
+class and `data-*` attributes (bytes as ints) so browser tests can read the
+numbers back.
+"""
+
+from __future__ import annotations
+
+import html
+
+from mpnb.estimator import Estimate, RankEstimate, format_bytes
+
+# category -> (label, colour); the same colours as the memory chart's categories where they overlap
+CATEGORIES: dict[str, tuple[str, str]] = {
+    "parameters": ("parameters", "#4c72b0"),
+    "gradients": ("gradients", "#dd8452"),
+    "optimizer": ("optimizer state", "#55a868"),
+    "activations": ("activations", "#8172b3"),
+    "buffers": ("buffers", "#937860"),
+}
+
+
+def rank_groups(est: Estimate) -> list[tuple[str, RankEstimate]]:
+    """Ranks with identical numbers drawn as one bar: [("0-63", rank estimate), ...]."""
+    groups: list[tuple[list[int], RankEstimate]] = []
+    for r in est.ranks:
+        key = (r.parameters, r.gradients, r.optimizer, r.activations, r.buffers, r.offloaded)
+        for ranks, first in groups:
+            if (first.parameters, first.gradients, first.optimizer, first.activations, first.buffers,
+                    first.offloaded) == key:
+                ranks.append(r.rank)
+                break
+        else:
+            groups.append(([r.rank], r))
+    return [(_rank_label(ranks), first) for ranks, first in groups]
+
+
+def _rank_label(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return str(ranks[0])
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(str(r) for r in ranks)
+
+
+def legend() -> str:
+    items = "".join(
+        f'<span class="mpnb-panel-legend-item" style="margin-right:10px;white-space:nowrap">'
+        f'<span style="display:inline-block;width:10px;height:10px;background:{colour};'
+        f'margin-right:4px;vertical-align:middle"></span>{label}</span>'
+        for label, colour in CATEGORIES.values()
+    )
+    return f'<div class="mpnb-panel-legend" style="font-size:11px;margin:4px 0">{items}</div>'
+
+
+def bar(label: str, r: RankEstimate, scale: float, capacity: int, *, kind: str = "rank") -> str:
+    """One stacked bar: label, coloured segments, capacity marker, total."""
+    segments = []
+    for key, (name, colour) in CATEGORIES.items():
+        value = getattr(r, key)
+        if value <= 0:
+            continue
+        width = 100.0 * value / scale
+        tip = f"{name}: {format_bytes(value)} ({value:,} bytes)"
+        segments.append(
+            f'<div class="mpnb-panel-seg mpnb-panel-seg-{key}" data-bytes="{value}" '
+            f'title="{html.escape(tip)}" '
+            f'style="display:inline-block;height:100%;width:{width:.4f}%;background:{colour}"></div>'
+        )
+    marker = ""
+    if capacity > 0:
+        left = min(100.0, 100.0 * capacity / scale)
+        marker = (
+            f'<div class="mpnb-panel-capacity" data-bytes="{capacity}" '
+            f'title="capacity {format_bytes(capacity)}" '
+            f'style="position:absolute;top:-2px;bottom:-2px;left:{left:.4f}%;border-left:2px dashed #c44e52">'
+            "</div>"
+        )
+    fits = capacity <= 0 or r.total <= capacity
+    offload = f" + {format_bytes(r.offloaded)} on CPU" if r.offloaded else ""
+    total_style = "" if fits else "color:#c44e52;font-weight:bold"
+    return (
+        f'<div class="mpnb-panel-row" data-{kind}="{html.escape(label)}" data-total="{r.total}" '
+        f'data-fits="{str(fits).lower()}" '
+        'style="display:flex;align-items:center;margin:3px 0;font-size:12px">'
+        f'<div class="mpnb-panel-label" style="width:90px;flex:none">{html.escape(label)}</div>'
+        f'<div class="mpnb-panel-bar" style="position:relative;flex:1;height:16px;background:#eee;'
+        f'white-space:nowrap;overflow:visible">{"".join(segments)}{marker}</div>'
+        f'<div class="mpnb-panel-total" style="width:150px;flex:none;text-align:right;{total_style}">'
+        f"{format_bytes(r.total)}{offload}</div></div>"
+    )
+
+
+def estimate_html(est: Estimate, capacity: int) -> str:
+    """Bars per rank group for one estimate, with a warning when a rank does not fit."""
+    groups = rank_groups(est)
+    scale = max([capacity * 1.05, *(r.total for _, r in groups), 1])
+    rows = "".join(bar(f"rank {label}", r, scale, capacity) for label, r in groups)
+    parts = [f'<div class="mpnb-panel-estimate-bars" data-total="{est.total}">', legend(), rows]
+    if capacity > 0 and not est.fits(capacity):
+        worst = est.worst
+        parts.append(
+            f'<div class="mpnb-panel-warning" style="color:#c44e52;font-weight:bold;margin-top:4px">'
+            f"Does not fit: rank {worst.rank} needs {format_bytes(worst.total)} but the device has "
+            f"{format_bytes(capacity)}. Try a higher ZeRO stage or FSDP, activation checkpointing, "
+            "a smaller micro batch, offload, or more ranks.</div>"
+        )
+    elif capacity > 0:
+        parts.append(
+            f'<div class="mpnb-panel-fits" style="color:#55a868;margin-top:4px">Fits: the most loaded rank '
+            f"uses {100 * est.total / capacity:.0f}% of {format_bytes(capacity)}.</div>"
+        )
+    for note in est.notes:
+        parts.append(
+            f'<div class="mpnb-panel-note" style="color:#777;font-size:11px">{html.escape(note)}</div>'
+        )
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def compare_html(rows: list[tuple[str, Estimate | str]], capacity: int) -> str:
+    """One bar per strategy (its most loaded rank), or the reason it cannot run."""
+    totals = [est.total for _, est in rows if isinstance(est, Estimate)]
+    scale = max([capacity * 1.05, *totals, 1])
+    out = ['<div class="mpnb-panel-compare-bars">', legend()]
+    for name, est in rows:
+        if isinstance(est, Estimate):
+            out.append(bar(name, est.worst, scale, capacity, kind="strategy"))
+        else:
+            out.append(
+                f'<div class="mpnb-panel-row mpnb-panel-unavailable" data-strategy="{html.escape(name)}" '
+                f'style="font-size:12px;color:#777;margin:3px 0">{html.escape(name)}: '
+                f"{html.escape(est)}</div>"
+            )
+    out.append("</div>")
+    return "".join(out)
