@@ -9,3 +9,30 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "mpnb" / "torch_extensions"))
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A started 2-engine CPU Session (gloo), shared by the tests of one module and stopped after them."""
+    import mpnb
+    from mpnb import cluster as cluster_mod
+
+    cluster_mod.stop()  # a previous module's session must not leak into this one
+    sess = mpnb.start(n=2, timeout=30, verbose=False)
+    try:
+        yield sess
+    finally:
+        cluster_mod.stop()
+
+
+@pytest.fixture(scope="module")
+def ipython():
+    """A real IPython InteractiveShell with `%load_ext mpnb` done (no cluster of its own)."""
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "mpnb")
+    yield shell
+    shell.run_line_magic("unload_ext", "mpnb")

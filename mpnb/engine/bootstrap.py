@@ -1,0 +1,142 @@
+"""Engine-side setup: environment, device binding and the process group.
+
+The kernel calls `engine_info` on every engine (cheap, no torch) to learn where
+each engine lives, assigns ranks from that, then calls `setup` on every engine
+at once. `setup` binds the device *before* torch is imported (so that
+CUDA_VISIBLE_DEVICES takes effect), initialises the default process group with
+a short timeout, and fills the engine namespace and `mpnb.engine.state`.
+Arguments are plain data only.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _outbound_ip(towards: str | None) -> str:
+    """The address other hosts reach this one on: the interface routing towards the controller."""
+    if towards and towards not in ("127.0.0.1", "localhost", "0.0.0.0", "*"):
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((towards, 9))  # UDP connect sends nothing; it only picks a route
+                return s.getsockname()[0]
+        except OSError:
+            pass
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def engine_info(controller_ip: str | None = None) -> dict[str, Any]:
+    """Where this engine lives: host, pid, address, GPUs it can see. Does not import torch."""
+    from mpnb import devices
+
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "ip": _outbound_ip(controller_ip),
+        "gpus": [g.index for g in devices.visible_gpus()],
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "torch_imported": "torch" in sys.modules,
+        "free_port": free_port(),
+    }
+
+
+def setup(
+    *,
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    local_world_size: int,
+    master_addr: str,
+    master_port: int,
+    backend: str,
+    gpu: int | None,
+    timeout_s: float,
+    config: dict[str, Any],
+) -> dict[str, Any]:
+    """Make this engine rank `rank`: env vars, device, process group, namespace.
+
+    `gpu` is the physical GPU index to bind (None for CPU). Binding sets
+    CUDA_VISIBLE_DEVICES to that one GPU, so the device is always `cuda:0` here.
+    """
+    env = {
+        "RANK": rank,
+        "LOCAL_RANK": local_rank,
+        "WORLD_SIZE": world_size,
+        "LOCAL_WORLD_SIZE": local_world_size,
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": master_port,
+    }
+    os.environ.update({k: str(v) for k, v in env.items()})
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "mpnb" / "torch_extensions"))
+    if gpu is None:
+        # CPU ranks share cores; one OpenMP thread each avoids oversubscription.
+        os.environ["OMP_NUM_THREADS"] = "1"
+    elif "torch" not in sys.modules:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
+
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    if gpu is None:
+        torch.set_num_threads(1)
+        device = torch.device("cpu")
+    else:
+        # torch was imported before binding (connect to a used engine): index the physical GPU.
+        index = 0 if os.environ.get("CUDA_VISIBLE_DEVICES") == str(gpu) else gpu
+        device = torch.device("cuda", index)
+        torch.cuda.set_device(device)
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{master_addr}:{master_port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+
+    import mpnb
+    from mpnb.engine import state
+
+    state.rank, state.world_size = rank, world_size
+    state.local_rank, state.local_world_size = local_rank, local_world_size
+    state.device, state.backend = str(device), backend
+    state.set_config(config)
+
+    shell = _shell()
+    if shell is not None:
+        shell.user_ns.update(
+            rank=rank, world_size=world_size, device=device, torch=torch, dist=dist, mpnb=mpnb
+        )
+    return {"rank": rank, "device": str(device), "pid": os.getpid()}
+
+
+def teardown() -> None:
+    """Leave the process group (before stop/disconnect), so a new one can be built later."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _shell() -> Any:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    return get_ipython()

@@ -1,0 +1,272 @@
+"""`%mpnb ...` (cluster lifecycle, config, pull/push) and `%%distributed` (run a cell on ranks).
+
+Registered by `%load_ext mpnb`. Every error a user can cause is an `MpnbError`,
+shown as one short message (`_show_mpnb_error`) instead of a traceback; a cell
+that failed on ranks shows one traceback per distinct error. Either way the
+exception still propagates, so the notebook marks the cell failed and "Run All"
+stops there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from typing import Any, NoReturn
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from mpnb import cluster
+from mpnb.errors import ConfigError, MpnbError, NoClusterError
+from mpnb.execution import CellFailedError, CellOptions, ranks_from_args, run_cell
+
+MPNB_USAGE = """\
+%mpnb start [-n N] [--devices 0,1,...] [--backend nccl|gloo] [--timeout SECONDS] [--port PORT]
+%mpnb connect --profile NAME_OR_DIR [--cluster-id ID] [--backend nccl|gloo] [--timeout SECONDS]
+%mpnb status | restart | stop
+%mpnb config [key=value ...]
+%mpnb pull NAME [--rank R]
+%mpnb push NAME"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises a ConfigError naming the usage instead of exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(
+            f"{self.prog}: {message}. Usage: {self.format_usage().strip().removeprefix('usage: ')}"
+        )
+
+
+def _parser(name: str) -> _Parser:
+    return _Parser(prog=f"%mpnb {name}", add_help=False)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
+    return value
+
+
+def _build_parsers() -> dict[str, _Parser]:
+    p: dict[str, _Parser] = {}
+    start = p["start"] = _parser("start")
+    start.add_argument("-n", type=int, default=None, help="CPU engines to start (default 2), or GPUs to use")
+    start.add_argument("--devices", default=None, help="GPU indices, e.g. 0,1")
+    start.add_argument("--backend", choices=cluster.BACKENDS, default=None)
+    start.add_argument("--timeout", type=_positive_float, default=cluster.DEFAULT_PG_TIMEOUT_S)
+    start.add_argument("--port", type=int, default=None, help="MASTER_PORT on rank 0 (default: a free one)")
+    connect = p["connect"] = _parser("connect")
+    connect.add_argument("--profile", default="default", help="ipyparallel profile name or directory")
+    connect.add_argument("--cluster-id", default=None)
+    connect.add_argument("--backend", choices=cluster.BACKENDS, default=None)
+    connect.add_argument("--timeout", type=_positive_float, default=cluster.DEFAULT_PG_TIMEOUT_S)
+    for name in ("status", "restart", "stop"):
+        p[name] = _parser(name)
+    p["config"] = _parser("config")
+    p["config"].add_argument("assignments", nargs="*", metavar="key=value")
+    pull = p["pull"] = _parser("pull")
+    pull.add_argument("name")
+    pull.add_argument("--rank", type=int, default=None)
+    push = p["push"] = _parser("push")
+    push.add_argument("name")
+    return p
+
+
+@magics_class
+class MpnbMagics(Magics):
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self._parsers = _build_parsers()
+        self._config: Any = None  # config set with `%mpnb config` before a cluster exists
+
+    # ------------------------------------------------------------------ %mpnb
+    @line_magic
+    def mpnb(self, line: str) -> Any:
+        """Manage the mpnb cluster. Subcommands:
+
+        %mpnb start [-n N] [--devices 0,1,...] [--backend nccl|gloo] [--timeout SECONDS] [--port PORT]
+        %mpnb connect --profile NAME_OR_DIR [--cluster-id ID] [--backend nccl|gloo] [--timeout SECONDS]
+        %mpnb status | restart | stop
+        %mpnb config [key=value ...]
+        %mpnb pull NAME [--rank R]
+        %mpnb push NAME
+        """
+        try:
+            words = shlex.split(line)
+        except ValueError as exc:
+            raise ConfigError(f"Could not parse `%mpnb {line}`: {exc}. Usage:\n{MPNB_USAGE}") from None
+        if not words:
+            raise ConfigError(f"`%mpnb` needs a subcommand. Usage:\n{MPNB_USAGE}")
+        command, rest = words[0], words[1:]
+        parser = self._parsers.get(command)
+        if parser is None:
+            raise ConfigError(f"Unknown subcommand `%mpnb {command}`. Usage:\n{MPNB_USAGE}")
+        args = parser.parse_args(rest)
+        return getattr(self, f"_cmd_{command}")(args)
+
+    def _cmd_start(self, args: argparse.Namespace) -> None:
+        cluster.start(
+            args.n,
+            devices=args.devices,
+            backend=args.backend,
+            timeout=args.timeout,
+            port=args.port,
+            config=self._config,
+        )
+
+    def _cmd_connect(self, args: argparse.Namespace) -> None:
+        cluster.connect(
+            args.profile, args.cluster_id, backend=args.backend, timeout=args.timeout, config=self._config
+        )
+
+    def _cmd_status(self, args: argparse.Namespace) -> None:
+        sess = cluster.current()
+        if sess is None:
+            print(NoClusterError().args[0])
+            return
+        rows = sess.rank_status()
+        header = ("rank", "host", "pid", "device", "alive", "busy")
+        table = [header] + [tuple(str(row[k]) for k in header) for row in rows]
+        widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+        print(f"{sess.world_size} ranks · backend {sess.backend} · {sess.source}")
+        for r in table:
+            print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+
+    def _cmd_restart(self, args: argparse.Namespace) -> None:
+        cluster.restart()
+
+    def _cmd_stop(self, args: argparse.Namespace) -> None:
+        sess = cluster.current()
+        if sess is None:
+            print("No mpnb cluster is running; nothing to stop.")
+            return
+        cluster.stop()
+        print(
+            "mpnb: cluster stopped."
+            if sess.cluster is not None
+            else "mpnb: disconnected (the cluster keeps running)."
+        )
+
+    def _cmd_config(self, args: argparse.Namespace) -> None:
+        from mpnb.config import Config
+
+        sess = cluster.current()
+        current = sess.config if sess is not None else (self._config or Config())
+        if args.assignments:
+            new = current.update_from_strings(args.assignments)
+            if sess is not None:
+                sess.set_config(new)  # validates for this world and pushes to every rank
+            self._config = new
+            current = new
+        print(current.summary(sess.world_size if sess is not None else None))
+
+    def _cmd_pull(self, args: argparse.Namespace) -> Any:
+        sess = cluster.session()
+        ranks = [args.rank] if args.rank is not None else list(range(sess.world_size))
+        for r in ranks:
+            sess.engine_id(r)  # a clear error for a rank that does not exist
+        try:
+            values = sess.view(ranks).pull(args.name, block=True)
+        except Exception as exc:
+            raise ConfigError(
+                f"Could not pull {args.name!r} from {', '.join(map(str, ranks))}: {_remote_message(exc)}. "
+                "Define it in a %%distributed cell first, and make sure it can be pickled."
+            ) from None
+        by_rank = dict(zip(ranks, values, strict=True))
+        return by_rank[args.rank] if args.rank is not None else by_rank
+
+    def _cmd_push(self, args: argparse.Namespace) -> None:
+        sess = cluster.session()
+        if args.name not in self.shell.user_ns:
+            raise ConfigError(
+                f"{args.name!r} is not defined in the notebook. "
+                f"Assign it first, then `%mpnb push {args.name}`."
+            )
+        try:
+            sess.view().push({args.name: self.shell.user_ns[args.name]}, block=True)
+        except Exception as exc:
+            raise ConfigError(
+                f"Could not push {args.name!r} to the ranks: {_remote_message(exc)}. "
+                "Only values that can be pickled can be pushed."
+            ) from None
+
+    # ------------------------------------------------------------------ %%distributed
+    @magic_arguments()
+    @argument("--ranks", default=None, help="ranks to run on, e.g. 0,2 or 0-3 (default: all)")
+    @argument("--rank", type=int, default=None, help="run on this one rank")
+    @argument("--output", default="grouped", help="grouped (default): identical output once; all; rank0")
+    @argument("--quiet", action="store_true", help="show only errors")
+    @argument("--timeout", type=float, default=None, help="interrupt the cell after this many seconds")
+    @argument("--no-monitor", action="store_true", help="no live memory chart under this cell")
+    @cell_magic
+    def distributed(self, line: str, cell: str) -> Any:
+        """Run this cell on every rank (or --ranks/--rank) at once, streaming grouped output."""
+        try:
+            args = parse_argstring(self.distributed, line)
+        except UsageError as exc:
+            raise ConfigError(
+                f"%%distributed: {exc}. Usage: {self.distributed.__doc__.splitlines()[0]}"
+            ) from None
+        sess = cluster.session()
+        options = CellOptions(
+            ranks=ranks_from_args(args.ranks, args.rank),
+            output=args.output,
+            quiet=args.quiet,
+            timeout=args.timeout,
+            monitor=not args.no_monitor,
+        )
+        return run_cell(
+            sess, cell, options, execution_count=getattr(self.shell, "execution_count", None), magic_line=line
+        )
+
+
+def _remote_message(exc: BaseException) -> str:
+    inner = getattr(exc, "elist", None)
+    if inner:
+        exc = inner[0]
+    ename = getattr(exc, "ename", type(exc).__name__)
+    evalue = getattr(exc, "evalue", str(exc))
+    return f"{ename}: {evalue}"
+
+
+# ---------------------------------------------------------------------- showing errors
+
+
+def _show_mpnb_error(
+    shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None
+) -> list[str]:
+    """One short message for mpnb errors; the per-rank tracebacks for a failed cell."""
+    if isinstance(value, CellFailedError):
+        stb = value.render()
+    else:
+        stb = [f"\x1b[1;31m{etype.__name__}\x1b[0m: {value}"]
+    shell._showtraceback(etype, value, stb)
+    return stb
+
+
+def register(ipython: Any) -> None:
+    ipython.register_magics(MpnbMagics)
+    ipython.set_custom_exc((MpnbError,), _show_mpnb_error)
+    try:  # the JupyterLab sidebar's comm; optional until mpnb.dashboard exists
+        from mpnb import dashboard
+    except ImportError:
+        return
+    hook = getattr(dashboard, "register", None)
+    if hook is not None:
+        hook(ipython)
+
+
+def unregister(ipython: Any) -> None:
+    ipython.set_custom_exc((), None)
+    magics = ipython.magics_manager.registry.pop("MpnbMagics", None)
+    if magics is not None:
+        for kind in ("line", "cell"):
+            for name, fn in list(ipython.magics_manager.magics[kind].items()):
+                if getattr(fn, "__self__", None) is magics:
+                    del ipython.magics_manager.magics[kind][name]
