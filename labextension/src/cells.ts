@@ -72,7 +72,7 @@ export class DistributedCellMarker implements IDisposable {
     for (const cell of this._panel.content.widgets) {
       const distributed = cell.model.type === 'code' && isDistributedSource(cell.model.sharedModel.getSource());
       cell.toggleClass(DISTRIBUTED_CELL_CLASS, distributed);
-      if (distributed && cellState?.id && cell.model.id === cellState.id) {
+      if (distributed && cellState?.notebookCellId && cell.model.id === cellState.notebookCellId) {
         target = cell;
       }
     }

@@ -24,6 +24,8 @@ export interface IClusterState {
 
 export interface ICellState {
   id: string | null;
+  /** The Jupyter cell id of the notebook cell that ran it (added by the kernel when known). */
+  notebookCellId: string | null;
   status: RankCellStatus;
   ranks: Record<string, RankCellStatus>;
 }
@@ -153,7 +155,8 @@ function parseCell(value: unknown): ICellState | null {
       }
     }
   }
-  return { id: v.id === null || v.id === undefined ? null : String(v.id), status: v.status, ranks };
+  const str = (x: unknown): string | null => (x === null || x === undefined ? null : String(x));
+  return { id: str(v.id), notebookCellId: str(v.notebook_cell_id), status: v.status, ranks };
 }
 
 function parseEstimate(value: unknown): Record<string, number> {

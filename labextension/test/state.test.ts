@@ -69,8 +69,9 @@ describe('status text', () => {
     expect(statusText(s)).toBe('mpnb · 2 ranks · ZeRO-2 · idle');
     const running = reduce(s, {
       ...stateMessage,
-      cell: { id: 'c1', status: 'running', ranks: { '0': 'running', '1': 'done' } }
+      cell: { id: 'c1', notebook_cell_id: 'abc', status: 'running', ranks: { '0': 'running', '1': 'done' } }
     });
+    expect(running.cell?.notebookCellId).toBe('abc');
     expect(statusText(running)).toBe('mpnb · 2 ranks · ZeRO-2 · running');
     expect(busyRanks(running)).toEqual([0]);
   });

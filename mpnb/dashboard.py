@@ -1,0 +1,314 @@
+"""Kernel end of the `mpnb.dashboard` comm: what the JupyterLab sidebar and status bar show.
+
+The extension opens the comm when it connects to a kernel (and after a page
+reload); we answer at once with a `state` message and then push updates:
+`state` on every session change (start, stop, restart, config, cell state) and
+`samples` with the session's memory samples, batched to at most
+`SENDS_PER_SECOND` messages. When `%load_ext mpnb` runs after the page
+connected, we open a comm toward the frontend ourselves, so the sidebar wakes
+up without a reload. Protocol: docs/internals.md ("Dashboard comm").
+
+Threads: `on_change` listeners run on the kernel thread; memory batches arrive
+on the monitor's receiver thread; comm opens may arrive on a kernel subshell
+thread while a long cell runs. The ipyparallel client is not thread-safe, so
+the rank table is only read from the controller on the kernel thread and
+cached for the others. Kernel side: no torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("mpnb")
+
+TARGET = "mpnb.dashboard"
+SENDS_PER_SECOND = 4.0
+# On (re)connect the frontend gets this many past samples in all, thinned evenly over the history.
+BACKLOG_SAMPLES = 2000
+# Comms of reloaded pages are never closed by their frontend; keep only the newest ones.
+MAX_COMMS = 16
+
+Sample = dict[str, Any]
+
+
+class Dashboard:
+    """The comms of one kernel and the session they describe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._comms: list[Any] = []
+        self._ranks_cache: list[dict[str, Any]] = []
+        self._followed: Any = None  # the session whose memory we forward
+        self._unfollow: Callable[[], None] | None = None
+        self._notebook_cell_ids: dict[str, str] = {}  # execution's cell id -> Jupyter cell id
+        self._last_notebook_cell: str | None = None
+        self._pending: list[Sample] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self._flusher = threading.Thread(target=self._flush_loop, name="mpnb-dashboard", daemon=True)
+        self._flusher.start()
+        from mpnb import cluster
+
+        self._unlisten = cluster.on_change(self._on_session_change)
+        sess = cluster.current()
+        if sess is not None:
+            self._on_session_change(sess)
+
+    # ------------------------------------------------------------------ comms
+
+    def open_from_frontend(self, comm: Any, _open_msg: Any = None) -> None:
+        """The comm target: a frontend connected (or reloaded)."""
+        self._add_comm(comm)
+        self._send_to(comm, self.state())
+        self._send_backlog(comm)
+
+    def announce(self) -> None:
+        """Open a comm toward frontends that connected before mpnb was loaded."""
+        import comm as comm_module
+
+        try:
+            comm = comm_module.create_comm(target_name=TARGET, data=self.state())
+        except Exception:
+            log.debug("mpnb dashboard: no frontend to announce to", exc_info=True)
+            return
+        self._add_comm(comm)
+
+    def _add_comm(self, comm: Any) -> None:
+        comm.on_msg(self._on_frontend_msg)
+        comm.on_close(lambda _msg, c=comm: self._drop_comm(c))
+        with self._lock:
+            self._comms.append(comm)
+            stale = self._comms[:-MAX_COMMS]
+            del self._comms[:-MAX_COMMS]
+        for old in stale:
+            with contextlib.suppress(Exception):
+                old.close()
+
+    def _drop_comm(self, comm: Any) -> None:
+        with self._lock, contextlib.suppress(ValueError):
+            self._comms.remove(comm)
+
+    def _on_frontend_msg(self, msg: dict[str, Any]) -> None:
+        data = msg.get("content", {}).get("data", {}) if isinstance(msg, dict) else {}
+        if isinstance(data, dict) and data.get("type") == "refresh":
+            comm_id = msg.get("content", {}).get("comm_id")
+            with self._lock:
+                targets = [c for c in self._comms if getattr(c, "comm_id", None) == comm_id] or self._comms
+            for comm in targets:
+                self._send_to(comm, self.state())
+
+    def comms(self) -> list[Any]:
+        with self._lock:
+            return list(self._comms)
+
+    def _broadcast(self, message: dict[str, Any]) -> None:
+        for comm in self.comms():
+            self._send_to(comm, message)
+
+    def _send_to(self, comm: Any, message: dict[str, Any]) -> None:
+        try:
+            comm.send(message)
+        except Exception:  # a closed or broken comm must not break the session
+            log.debug("mpnb dashboard: dropping a comm that failed to send", exc_info=True)
+            self._drop_comm(comm)
+
+    # ------------------------------------------------------------------ state
+
+    def state(self) -> dict[str, Any]:
+        """The `state` message for the current session (cached rank table off the kernel thread)."""
+        from mpnb import cluster
+
+        sess = cluster.current()
+        if sess is None:
+            return {"type": "state", "cluster": None, "strategy": "", "cell": None, "estimate": {}}
+        ranks = self._rank_rows(sess)
+        cell = self._cell(sess)
+        running = {int(r) for r, s in (cell or {}).get("ranks", {}).items() if s == "running"}
+        latest = _latest_busy(sess)
+        for row in ranks:
+            row["busy"] = bool(row.get("busy")) or row["rank"] in running or latest.get(row["rank"], False)
+        estimate = getattr(sess.memory, "estimate", None) or {}
+        return {
+            "type": "state",
+            "cluster": {"ranks": ranks, "backend": sess.backend, "world_size": sess.world_size},
+            "strategy": _strategy_line(sess),
+            "cell": cell,
+            "estimate": {str(rank): int(value) for rank, value in estimate.items()},
+        }
+
+    def _rank_rows(self, sess: Any) -> list[dict[str, Any]]:
+        if threading.current_thread() is threading.main_thread():
+            try:
+                rows = sess.rank_status()
+            except Exception:
+                log.debug("mpnb dashboard: rank status failed", exc_info=True)
+                rows = None
+            if rows is not None:
+                with self._lock:
+                    self._ranks_cache = [dict(r) for r in rows]
+        with self._lock:
+            cached = [dict(r) for r in self._ranks_cache]
+        if len(cached) != len(sess.ranks):  # never read from the controller yet: describe without it
+            cached = [
+                {"rank": r.rank, "host": r.host, "pid": r.pid, "device": r.device_label, "alive": True}
+                for r in sess.ranks
+            ]
+        return cached
+
+    def _cell(self, sess: Any) -> dict[str, Any] | None:
+        cell = getattr(sess, "cell", None)
+        if not cell:
+            return None
+        out = dict(cell)
+        out["ranks"] = dict(cell.get("ranks", {}))
+        exec_id = str(cell.get("id"))
+        with self._lock:
+            if exec_id not in self._notebook_cell_ids and self._last_notebook_cell:
+                self._notebook_cell_ids[exec_id] = self._last_notebook_cell
+            notebook_cell = self._notebook_cell_ids.get(exec_id)
+        if notebook_cell:
+            out["notebook_cell_id"] = notebook_cell
+        return out
+
+    def pre_run_cell(self, info: Any) -> None:
+        """Remember the Jupyter cell id of `%%distributed` cells so the frontend can mark that cell."""
+        source = getattr(info, "raw_cell", "") or ""
+        cell_id = getattr(info, "cell_id", None)
+        if cell_id and source.lstrip("\n").startswith("%%distributed"):
+            with self._lock:
+                self._last_notebook_cell = str(cell_id)
+
+    # ------------------------------------------------------------------ session and samples
+
+    def _on_session_change(self, sess: Any) -> None:
+        event = getattr(sess, "last_event", "")
+        if sess.closed or event == "stop":
+            self._follow(None)
+        elif self._followed is not sess:
+            self._follow(sess)
+        if event in ("start", "restart"):
+            with self._lock:
+                self._notebook_cell_ids.clear()
+        self._broadcast(self.state())
+
+    def _follow(self, sess: Any) -> None:
+        with self._lock:
+            if self._unfollow is not None:
+                self._unfollow()
+                self._unfollow = None
+            self._followed = sess
+            if sess is not None:
+                self._unfollow = sess.memory.subscribe(self._on_samples)
+
+    def _on_samples(self, batch: list[Sample]) -> None:
+        with self._cond:
+            self._pending.extend(batch)
+            self._cond.notify()
+
+    def _flush_loop(self) -> None:
+        interval = 1.0 / SENDS_PER_SECOND
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                batch, self._pending = self._pending, []
+            self._broadcast({"type": "samples", "samples": batch})
+            time.sleep(interval)
+
+    def _send_backlog(self, comm: Any) -> None:
+        sess = self._followed
+        if sess is None:
+            return
+        samples = sess.memory.samples()
+        if len(samples) > BACKLOG_SAMPLES:
+            step = len(samples) / BACKLOG_SAMPLES
+            samples = [samples[int(i * step)] for i in range(BACKLOG_SAMPLES)] + [samples[-1]]
+        if samples:
+            self._send_to(comm, {"type": "samples", "samples": samples})
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        self._unlisten()
+        self._follow(None)
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        for comm in self.comms():
+            with contextlib.suppress(Exception):
+                comm.close()
+        with self._lock:
+            self._comms.clear()
+
+
+def _strategy_line(sess: Any) -> str:
+    config = getattr(sess, "config", None)
+    summary = getattr(config, "summary", None)
+    if summary is None:
+        return ""
+    try:
+        return str(summary(sess.world_size))
+    except Exception:
+        return ""
+
+
+def _latest_busy(sess: Any) -> dict[int, bool]:
+    try:
+        latest = sess.memory.latest()
+    except Exception:
+        return {}
+    recent = time.time() - 5.0  # a stale sample says nothing about now
+    return {int(r): bool(s.get("busy")) for r, s in latest.items() if float(s.get("t", 0)) >= recent}
+
+
+# ---------------------------------------------------------------------- registration
+
+_dashboard: Dashboard | None = None
+_registered_shell: Any = None
+
+
+def register(ipython: Any) -> Dashboard:
+    """`%load_ext mpnb`: serve the comm target, follow the session, and wake up connected frontends."""
+    global _dashboard, _registered_shell
+    import comm as comm_module
+
+    if _dashboard is None:
+        _dashboard = Dashboard()
+    dashboard = _dashboard
+    manager = comm_module.get_comm_manager()
+    if manager is not None:
+        manager.register_target(TARGET, dashboard.open_from_frontend)
+    if ipython is not None and _registered_shell is not ipython:
+        ipython.events.register("pre_run_cell", dashboard.pre_run_cell)
+        _registered_shell = ipython
+    dashboard.announce()
+    return dashboard
+
+
+def unregister(ipython: Any) -> None:
+    """`%unload_ext mpnb`: close every comm (frontends show "not loaded") and stop listening."""
+    global _dashboard, _registered_shell
+    import comm as comm_module
+
+    dashboard, _dashboard = _dashboard, None
+    if dashboard is None:
+        return
+    with contextlib.suppress(Exception):
+        comm_module.get_comm_manager().unregister_target(TARGET, dashboard.open_from_frontend)
+    if ipython is not None and _registered_shell is ipython:
+        with contextlib.suppress(ValueError):
+            ipython.events.unregister("pre_run_cell", dashboard.pre_run_cell)
+        _registered_shell = None
+    dashboard.close()
+
+
+def current() -> Dashboard | None:
+    """The kernel's dashboard, if `%load_ext mpnb` ran."""
+    return _dashboard
