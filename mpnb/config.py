@@ -117,9 +117,17 @@ class Config:
         """A new Config with `changes` applied; unknown keys and bad values raise ConfigError.
 
         Values are coerced to the field's type, so strings from a magic line or a
-        text box work too (``update(zero_stage="3")``).
+        text box work too (``update(zero_stage="3")``). Changing `strategy` resets
+        the settings that belonged only to the old one (zero_stage, pipeline and
+        tensor degrees, offload, ...) unless the same update sets them.
         """
         coerced = {key: _coerce(key, value) for key, value in changes.items()}
+        new_strategy = coerced.get("strategy", self.strategy)
+        if new_strategy != self.strategy:
+            # settings that only meant something for the old strategy go back to neutral,
+            # unless this same update sets them (`%mpnb config strategy=ddp` just works)
+            for key, value in _neutral_for(new_strategy).items():
+                coerced.setdefault(key, value)
         return replace(self, **coerced)
 
     def update_from_strings(self, assignments: list[str] | tuple[str, ...]) -> Config:
@@ -559,6 +567,22 @@ def _combination_problems(cfg: Config, world: int, device: str | None) -> list[s
             out.append("FSDP2 offloads parameters, gradients and the optimizer step together "
                        "(CPUOffloadPolicy); use offload=parameters with strategy=fsdp, or strategy=zero "
                        "for optimizer-only offload.")
+    return out
+
+
+def _neutral_for(strategy: str) -> dict[str, Any]:
+    """The values of settings that do not apply to `strategy` (what validate accepts)."""
+    out: dict[str, Any] = {}
+    if strategy != "zero":
+        out["zero_stage"] = 0
+    if strategy != "pipeline":
+        out.update(pipeline_stages=1, microbatches=1, pipeline_split_points=[])
+    if strategy != "tensor":
+        out.update(tensor_parallel=1, tensor_plan={})
+    if strategy not in ("zero", "fsdp"):
+        out["offload"] = "none"
+    if strategy not in ("fsdp", "tensor"):
+        out["fsdp_wrap"] = []
     return out
 
 

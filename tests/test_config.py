@@ -37,6 +37,7 @@ IMPOSSIBLE = [
     (Config(strategy="fsdp", offload="optimizer"), 2, "cuda", ["CPUOffloadPolicy", "offload=parameters"]),
     (Config(zero_stage=5), 2, "cuda", ["zero_stage must be 0, 1, 2 or 3"]),
     (Config(strategy="ddp", zero_stage=2), 2, "cuda", ["zero_stage=2", "strategy=zero"]),
+    (Config(fsdp_wrap=["Block"]), 2, "cuda", ["fsdp_wrap applies only to strategy=fsdp"]),
     (Config(strategy="fdsp"), 2, "cuda", ["strategy must be one of", "'fsdp'"]),
     (Config(precision="fp8"), 2, "cuda", ["precision must be one of", "fp32, bf16, fp16"]),
     (Config(strategy="pipeline", pipeline_stages=2, microbatches=2, pipeline_schedule="zb"), 2, "cuda",
@@ -135,6 +136,22 @@ def test_derived_sizes_and_summary() -> None:
         f"FSDP · bf16 · mb 8 {times} accum 1 · checkpointing")
     assert f"TP 2 {times} FSDP 2" in tp.summary(4)
     assert "\n" not in pp.summary(4)
+
+
+def test_changing_strategy_resets_what_belonged_to_the_old_one() -> None:
+    zero = Config().update(strategy="zero", zero_stage=3, offload="parameters")
+    ddp = zero.update_from_strings(["strategy=ddp"])
+    assert (ddp.zero_stage, ddp.offload) == (0, "none")
+    ddp.validate(2, "cpu")
+    pipe = Config().update(strategy="pipeline", pipeline_stages=2, microbatches=4)
+    tensor = pipe.update(strategy="tensor", tensor_parallel=2)
+    assert (tensor.pipeline_stages, tensor.microbatches, tensor.tensor_parallel) == (1, 1, 2)
+    tensor.validate(2, "cpu")
+    # settings given in the same update win, so a contradiction still reaches validate
+    bad = zero.update(strategy="ddp", zero_stage=2)
+    assert bad.zero_stage == 2 and bad.problems(2, "cpu")
+    # no strategy change: nothing is reset
+    assert zero.update(precision="bf16").zero_stage == 3
 
 
 def test_diff_lists_changed_fields() -> None:

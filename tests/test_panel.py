@@ -259,7 +259,7 @@ def _engine_configs(sess) -> list[dict]:
     return view.pull("_panel_cfg", block=True)
 
 
-def test_panel_edits_the_session_config_both_ways(cluster) -> None:
+def test_panel_edits_the_session_config_both_ways(cluster, ipython, capsys) -> None:
     from mpnb.models import tiny_gpt
 
     model = tiny_gpt()
@@ -279,12 +279,23 @@ def test_panel_edits_the_session_config_both_ways(cluster) -> None:
         # the live chart's dashed line is the panel's estimate
         assert cluster.memory.estimate == estimate(model, wanted, 2, seq_len=model.config.seq_len).by_rank()
 
-        # a change made elsewhere (what `%mpnb config strategy=fsdp` does) shows up in the open panel
+        # the panel's Apply is what `%mpnb config` then shows
+        capsys.readouterr()
+        ipython.run_line_magic("mpnb", "config")
+        assert capsys.readouterr().out.strip() == wanted.summary(2)
+
+        # `%mpnb config ...` updates the open panel
+        ipython.run_line_magic("mpnb", "config strategy=zero zero_stage=3 micro_batch_size=4")
+        assert (p.strategy.value, p.zero_stage.value, p.micro_batch_size.value) == ("zero", 3, 4)
+        assert p.config == cluster.config == Config(strategy="zero", zero_stage=3, micro_batch_size=4)
+        assert "changed outside the panel" in p.changes.value
+        assert p.apply_button.disabled  # the form equals the session's config
+        assert _engine_configs(cluster) == [cluster.config.to_dict()] * 2
+
+        # so does any other set_config
         cluster.set_config(Config(strategy="fsdp", reshard_after_forward=False))
         assert p.strategy.value == "fsdp" and p.reshard_after_forward.value is False
         assert p.config == cluster.config
-        assert "changed outside the panel" in p.changes.value
-        assert p.apply_button.disabled  # the form equals the session's config
 
         # fp16 on CPU ranks: the message, and nothing is sent
         p.precision.value = "fp16"
@@ -295,3 +306,43 @@ def test_panel_edits_the_session_config_both_ways(cluster) -> None:
         p.close()
     cluster.set_config(Config())  # a closed panel no longer follows the session
     assert p.config.strategy == "fsdp"
+
+
+def test_panel_renders_in_a_real_kernel_and_updates_its_bars() -> None:
+    """The widget reaches a front end: a view on display, then bar updates as comm messages."""
+    from jupyter_client.manager import start_new_kernel
+
+    manager, client = start_new_kernel(kernel_name="python3")
+    try:
+        def run(code: str) -> list[dict]:
+            msg_id = client.execute(code)
+            out = []
+            while True:
+                msg = client.get_iopub_msg(timeout=120)
+                if msg["parent_header"].get("msg_id") != msg_id:
+                    continue
+                out.append(msg)
+                if msg["msg_type"] == "error":
+                    raise AssertionError("\n".join(msg["content"]["traceback"]))
+                if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                    return out
+
+        shown = run("import mpnb\np = mpnb.config_panel(world_size=4)\np")
+        views = [m for m in shown if m["msg_type"] == "execute_result"
+                 and "application/vnd.jupyter.widget-view+json" in m["content"]["data"]]
+        assert len(views) == 1
+        state: dict[str, dict] = {}  # comm id -> the widget state a front end ends up with
+        for m in shown:
+            if m["msg_type"] in ("comm_open", "comm_msg"):
+                state.setdefault(m["content"]["comm_id"], {}).update(m["content"]["data"].get("state", {}))
+        root = [c for c, st in state.items() if "mpnb-panel" in st.get("_dom_classes", [])]
+        assert len(root) == 1  # the stable class the browser test looks for
+        apply = [c for c, st in state.items() if "mpnb-panel-apply" in st.get("_dom_classes", [])]
+        assert len(apply) == 1 and state[apply[0]]["description"] == "Apply"
+        updates = run("p.strategy.value = 'zero'; p.zero_stage.value = 3")
+        bar_updates = [m for m in updates if m["msg_type"] == "comm_msg"
+                       and "mpnb-panel-seg" in str(m["content"]["data"].get("state", {}).get("value", ""))]
+        assert bar_updates, "the estimate bars were not re-sent after the stage changed"
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
