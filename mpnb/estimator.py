@@ -15,8 +15,7 @@ ddp, fsdp, pipeline, tensor; any   4      4    0 + 8 (AdamW moments, fp32)
 zero 1-3, fp32                     4      4    4 + 8 (fp32 master clone)
 zero 1-3, bf16 / fp16 (paper)      2      2    4 + 8
 zero 0, fp32 (torch optimizer)     4      4    0 + 8
-zero 0, bf16 (BF16_Optimizer)      2      4    4 + 8
-zero 0, fp16 (FP16_Optimizer)      2      2    4 + 8
+zero 0, bf16 / fp16                2      2    4 + 8 (unpartitioned)
 =================================  =====  ===  ===========================
 
 torch keeps fp32 parameters and gradients under bf16/fp16 (autocast, or FSDP2's
@@ -80,7 +79,7 @@ MODEL_STATE_BYTES: dict[tuple[str, str], tuple[int, int, int]] = {
     ("zero", "bf16"): (2, 2, 4),
     ("zero", "fp16"): (2, 2, 4),
     ("zero0", "fp32"): (4, 4, 0),
-    ("zero0", "bf16"): (2, 4, 4),
+    ("zero0", "bf16"): (2, 2, 4),
     ("zero0", "fp16"): (2, 2, 4),
 }
 OPTIMIZER_STATE_BYTES: dict[str, int] = {"adamw": 8, "adam": 8, "sgd_momentum": 4, "sgd": 0}
