@@ -427,6 +427,11 @@ def estimate(
         _rank_estimate(r, cfg, world_size, layout, ppk, mb, accounting, reduce_bucket_size)
         for r in range(world_size)
     )
+    worst = max(ranks, key=lambda r: r.total)
+    if cfg.strategy == "zero" and cfg.zero_stage in (1, 2) and accounting == "implementation" and (
+            worst.buffers > worst.model_states):
+        notes.append(f"DeepSpeed's gradient reduction bucket ({reduce_bucket_size:.2g} elements, allocated "
+                     "whole) outweighs the model states here; a smaller reduce_bucket_size saves it")
     return Estimate(ranks=ranks, num_params=layout.total, summary=cfg.summary(world_size),
                     bytes_per_param=ppk, notes=tuple(notes))
 

@@ -106,6 +106,18 @@ def test_implementation_table_follows_the_strategies() -> None:
     assert (fsdp.parameters, fsdp.gradients, fsdp.optimizer) == (n, n, 2 * n)
 
 
+def test_deepspeed_reduce_bucket_is_a_buffer() -> None:
+    small = estimate(1_000_000, Config(strategy="zero", zero_stage=2), 2)
+    assert small.buffers == 500_000_000 * 4  # fp32 bucket, allocated whole by DeepSpeed
+    assert any("reduce_bucket_size" in n for n in small.notes)
+    tuned = estimate(1_000_000, Config(strategy="zero", zero_stage=2, precision="bf16"), 2,
+                     reduce_bucket_size=1_000_000)
+    assert tuned.buffers == 2 * 1_000_000 and not any("reduce_bucket_size" in n for n in tuned.notes)
+    # model states are unaffected by the bucket
+    assert small.model_states == estimate(1_000_000, Config(strategy="zero", zero_stage=2), 2,
+                                          reduce_bucket_size=1).model_states
+
+
 def test_offload_moves_states_to_cpu() -> None:
     n = 10_000_000
     on = estimate(n, Config(strategy="zero", zero_stage=2), 4)
