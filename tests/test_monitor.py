@@ -143,7 +143,7 @@ def test_engine_with_the_wrong_key_is_ignored(sess):
         dropped, t0 = channel.dropped, time.time()
         time.sleep(1.5)
         assert _window(store, 1, t0, time.time()) == []
-        assert channel.dropped >= dropped + 8
+        assert channel.dropped >= dropped + 4  # batches of 10 Hz samples, 4 a second
         assert len(_window(store, 0, t0, time.time())) >= 1  # rank 0 is unaffected
     finally:
         rank1.apply_sync(monitor.start, channel.endpoint)

@@ -38,8 +38,10 @@ class MemoryReader(Protocol):
 class CpuReader:
     """Process RSS; its peak from the kernel's VmHWM, which `reset_peak` clears.
 
-    VmHWM catches spikes between two samples. Where /proc is missing (not Linux)
-    the peak is the largest RSS this reader has seen since the last reset.
+    VmHWM catches spikes between two samples. On Linux both numbers come from one
+    pread of /proc/self/status (a single syscall: the sampler must not steal time
+    from training); elsewhere psutil gives RSS and the peak is the largest RSS
+    this reader has seen since the last reset.
     """
 
     _STATUS = "/proc/self/status"
@@ -51,22 +53,24 @@ class CpuReader:
         self._process = psutil.Process()
         self._capacity = int(psutil.virtual_memory().total)
         self._seen_peak = 0
-
-    def _vm_hwm(self) -> int | None:
         try:
-            with open(self._STATUS) as f:
-                for line in f:
-                    if line.startswith("VmHWM:"):
-                        return int(line.split()[1]) * 1024
+            self._status_fd: int | None = os.open(self._STATUS, os.O_RDONLY)
         except OSError:
-            return None
-        return None
+            self._status_fd = None
+
+    def _rss_and_hwm(self) -> tuple[int, int]:
+        if self._status_fd is not None:
+            try:
+                text = os.pread(self._status_fd, 16384, 0)
+                return _status_kib(text, b"VmRSS:") * 1024, _status_kib(text, b"VmHWM:") * 1024
+            except (OSError, ValueError):
+                self._status_fd = None
+        return int(self._process.memory_info().rss), 0
 
     def read(self) -> MemoryReading:
-        rss = int(self._process.memory_info().rss)
+        rss, hwm = self._rss_and_hwm()
         self._seen_peak = max(self._seen_peak, rss)
-        hwm = self._vm_hwm()
-        peak = max(self._seen_peak, hwm or 0)
+        peak = max(self._seen_peak, hwm)
         return MemoryReading("cpu", rss, rss, peak, self._capacity, None, 0)
 
     def reset_peak(self) -> None:
@@ -76,6 +80,16 @@ class CpuReader:
                 f.write("5")  # "5" resets the resident-set high-water mark (Linux >= 4.0)
         except OSError:
             pass
+
+    def close(self) -> None:
+        if self._status_fd is not None:
+            os.close(self._status_fd)
+            self._status_fd = None
+
+
+def _status_kib(text: bytes, field: bytes) -> int:
+    start = text.index(field) + len(field)
+    return int(text[start : text.index(b"kB", start)])
 
 
 # --------------------------------------------------------------------------- CUDA

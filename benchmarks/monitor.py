@@ -1,0 +1,109 @@
+"""Overhead of the memory monitor: training step time with the sampler at 10 Hz vs off.
+
+Same cluster, same model, same batches; rounds alternate on/off (and which goes
+first) so that the noise of a shared 2-core machine hits both sides alike. A
+trainer is active, so each sample also reads `memory_breakdown()`.
+
+    DS_ACCELERATOR=cpu OMP_NUM_THREADS=1 .venv/bin/python benchmarks/monitor.py [--rounds 10]
+
+Prints the median step time of each side and their ratio (target: <= 1.01).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+import mpnb
+from mpnb import monitor_channel
+from mpnb.engine import monitor
+
+SETUP = """
+import time, torch, mpnb
+import torch.distributed as dist
+from mpnb.engine import monitor
+from mpnb.models import tiny_gpt, synthetic_batches
+model = tiny_gpt(n_embd={n_embd}, n_layer=4, seq_len=64)
+trainer = mpnb.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3), config={{"strategy": "ddp"}})
+batches = list(synthetic_batches(seq_len=64, batch_size=16, steps=8))
+for b in batches[:3]:
+    trainer.step(b)  # warm up: optimizer state, allocator, autograd caches
+
+def bench(endpoint, blocks, steps):
+    # Toggle the sampler inside the engine, in short alternating blocks (ABBA), so that the
+    # load of a shared machine falls on both sides alike.
+    times = {{"on": [], "off": [], "sampler_cpu": 0.0, "on_wall": 0.0}}
+    for block in range(blocks):
+        for side in (("on", "off") if block % 2 == 0 else ("off", "on")):
+            if side == "on":
+                monitor.start(endpoint, busy_hz=10.0, idle_hz=10.0)
+            else:
+                monitor.stop()
+            dist.barrier()
+            w0 = time.perf_counter()
+            for i in range(steps):
+                t0 = time.perf_counter()
+                trainer.step(batches[i % len(batches)])
+                times[side].append(time.perf_counter() - t0)
+            if side == "on":
+                times["on_wall"] += time.perf_counter() - w0
+                times["sampler_cpu"] += monitor.status()["cpu_seconds"]
+    monitor.stop()
+    return times
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, default=40, help="on/off block pairs")
+    parser.add_argument("--steps", type=int, default=5, help="steps per block")
+    parser.add_argument("--n-embd", type=int, default=128)
+    args = parser.parse_args()
+
+    sess = mpnb.start(n=2, verbose=False)
+    try:
+        channel = getattr(sess, "monitor_channel", None) or monitor_channel.attach(sess)
+        view = sess.view()
+        view.execute(SETUP.format(n_embd=args.n_embd), block=True).get()
+        before, t0 = channel.received, time.time()
+        view.execute(f"_times = bench({channel.endpoint!r}, {args.blocks}, {args.steps})", block=True).get()
+        elapsed = time.time() - t0
+        received = channel.received - before
+        times = view.pull("_times", targets=sess.engine_id(0), block=True)
+        view.apply_sync(monitor.start, channel.endpoint)  # back to the defaults
+    finally:
+        mpnb.stop()
+
+    on, off = times["on"], times["off"]
+    n = args.steps
+    block_ratios = [
+        statistics.mean(on[i : i + n]) / statistics.mean(off[i : i + n]) for i in range(0, len(on), n)
+    ]
+    on_time = sum(on)
+    print(f"{len(on)} steps each side, {args.blocks} alternating blocks of {n} steps, 2 ranks, DDP")
+    for side, values in (("off", off), ("on", on)):
+        mean, median = statistics.mean(values) * 1e3, statistics.median(values) * 1e3
+        print(f"step time, monitor {side:3s}: mean {mean:.2f} ms, median {median:.2f} ms")
+    print(
+        f"samples received: {received} in {elapsed:.0f} s; at 10 Hz while on expect ~{2 * 10 * on_time:.0f}"
+    )
+    ratio = statistics.mean(on) / statistics.mean(off)
+    print(
+        f"overhead ratio on/off: mean {ratio:.4f}, median of steps "
+        f"{statistics.median(on) / statistics.median(off):.4f}, "
+        f"median of block pairs {statistics.median(block_ratios):.4f}"
+    )
+    share = times["sampler_cpu"] / times["on_wall"]
+    print(
+        f"sampler thread CPU time: {share * 100:.3f}% of the wall time while on (its own cost, free of noise)"
+    )
+    print(f"target <= 1.01: {'met' if statistics.median(block_ratios) <= 1.01 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
