@@ -570,6 +570,7 @@ def start(
                 f"Starting the cluster failed and was rolled back: {_short_error(exc)}"
             ) from exc
         _current = sess
+    _start_monitor(sess)
     if verbose:
         print(sess.summary(time.perf_counter() - t0))
     sess._notify("start")
@@ -655,6 +656,7 @@ def connect(
             client.close()
             raise
         _current = sess
+    _start_monitor(sess)
     if verbose:
         print(sess.summary(time.perf_counter() - t0))
     sess._notify("start")
@@ -698,6 +700,7 @@ def restart(verbose: bool = True) -> Session:
                 f"Restart failed, so the cluster was stopped: {_short_error(exc)}. "
                 "Run `%mpnb start` for a new one."
             ) from exc
+    _start_monitor(sess)
     if verbose:
         print(sess.summary(time.perf_counter() - t0))
     sess._notify("restart")
@@ -725,9 +728,27 @@ def stop() -> None:
     _close(sess)
 
 
+def _start_monitor(sess: Session) -> None:
+    """Memory samples from every rank (mpnb.monitor_channel); a failure empties charts, not the cluster."""
+    try:
+        from mpnb import monitor_channel
+
+        monitor_channel.attach(sess)
+    except Exception:
+        log.exception("mpnb: the memory monitor could not start; memory charts will stay empty")
+
+
+def _stop_monitor(sess: Session) -> None:
+    with contextlib.suppress(Exception):
+        from mpnb import monitor_channel
+
+        monitor_channel.detach(sess, timeout=2.0)
+
+
 def _close(sess: Session) -> None:
     global _current
     with _lock:
+        _stop_monitor(sess)  # samplers and the kernel end stop before the engines do
         if sess.cluster is not None:
             _stop_cluster_quietly(sess.cluster)
         else:
