@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,7 +91,8 @@ def rebuild_optimizer(
             groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
     if not groups:  # a stage with no parameters still needs an optimizer object
         groups = [{"params": [], **{k: v for k, v in optimizer.param_groups[0].items() if k != "params"}}]
-    return type(optimizer)(groups, **optimizer.defaults)
+    accepted = inspect.signature(type(optimizer).__init__).parameters  # defaults may hold internal keys
+    return type(optimizer)(groups, **{k: v for k, v in optimizer.defaults.items() if k in accepted})
 
 
 def parameter_names(model: nn.Module) -> dict[int, str]:
