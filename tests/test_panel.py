@@ -259,8 +259,35 @@ def _engine_configs(sess) -> list[dict]:
     return view.pull("_panel_cfg", block=True)
 
 
-def test_panel_edits_the_session_config_both_ways(cluster, ipython, capsys) -> None:
+@pytest.fixture(scope="module")
+def late_cluster():
+    """The module's one cluster, started while a planning panel is already open: (session, that panel)."""
+    from mpnb import cluster as cluster_mod
+
+    cluster_mod.stop()
+    early = mpnb.config_panel(world_size=8, device_kind="cuda")
+    assert early.world.disabled is False  # planning: no cluster yet
+    try:
+        sess = mpnb.start(n=2, timeout=30, verbose=False, config=Config(strategy="zero", zero_stage=1))
+        yield sess, early
+    finally:
+        cluster_mod.stop()
+        early.close()
+
+
+def test_open_panel_attaches_to_a_cluster_started_later(late_cluster) -> None:
+    sess, early = late_cluster
+    assert early.world_size() == 2 and early.world.disabled and early.device_kind() == "cpu"
+    assert early.strategy.value == "zero" and early.zero_stage.value == 1 and early.config == sess.config
+    early.zero_stage.value = 2
+    early.apply()
+    assert sess.config.zero_stage == 2
+
+
+def test_panel_edits_the_session_config_both_ways(late_cluster, ipython, capsys) -> None:
     from mpnb.models import tiny_gpt
+
+    cluster, _ = late_cluster
 
     model = tiny_gpt()
     p = mpnb.config_panel(model)
@@ -346,3 +373,15 @@ def test_panel_renders_in_a_real_kernel_and_updates_its_bars() -> None:
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
+
+
+def test_panel_detaches_when_the_cluster_stops(late_cluster) -> None:
+    """Last in this module on purpose: it stops the module's cluster (the fixture's stop is then a no-op)."""
+    from mpnb import cluster as cluster_mod
+
+    sess, early = late_cluster
+    cluster_mod.stop()
+    assert sess.closed and not early.world.disabled and "stopped" in early._cluster_note.value
+    early.strategy.value = "ddp"
+    early.apply()  # planning again: nothing is sent anywhere
+    assert early.config.strategy == "ddp"

@@ -124,8 +124,10 @@ class ConfigPanel(widgets.VBox):
         self.load_button.on_click(self._on_load_path)
         self.save_ds_button.on_click(lambda _: self._save(self.ds_path.value, self.ds_text.value))
         self.save_code_button.on_click(lambda _: self._save(self.code_path.value, self.code_text.value))
-        if self._session is not None:
-            self._unsubscribe = self._session.on_change(self._on_session_change)
+        # listen to every session, so a cluster started after the panel opened is picked up too
+        from mpnb import cluster
+
+        self._unsubscribe = cluster.on_change(self._on_session_change)
         self._refresh()
 
     # ------------------------------------------------------------------ building
@@ -549,13 +551,25 @@ class ConfigPanel(widgets.VBox):
     def _on_session_change(self, sess: Any) -> None:
         event = getattr(sess, "last_event", "config")
         if getattr(sess, "closed", False) or event == "stop":
-            self._session = None
-            self.world.disabled = self.device.disabled = False
-            self._cluster_note.value = ('<span style="color:#777;font-size:11px">the cluster stopped: '
-                                        "planning only</span>")
+            if sess is self._session:
+                self._session = None
+                self.world.disabled = self.device.disabled = False
+                self._cluster_note.value = ('<span style="color:#777;font-size:11px">the cluster stopped: '
+                                            "planning only</span>")
             return
         if event not in ("config", "start", "restart") or self._applying:
             return
+        if sess is not self._session:  # a cluster started while the panel was open: edit its config
+            self._session = sess
+            self._updating = True
+            try:
+                self.world.value = sess.world_size
+                self.device.value = sess.device_kind
+            finally:
+                self._updating = False
+            self.world.disabled = self.device.disabled = True
+            self._cluster_note.value = '<span style="color:#777;font-size:11px">the running cluster</span>'
+            self._refresh()
         if sess.config != self.config:
             self.config = sess.config
             self._set_form(sess.config)
