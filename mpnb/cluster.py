@@ -564,10 +564,11 @@ def start(
             sess.ranks, sess.backend = _form_world(client, list(client.ids), plan, cfg)
         except BaseException as exc:
             _stop_cluster_quietly(cluster)
-            if isinstance(exc, (KeyboardInterrupt, ClusterError)):
+            if isinstance(exc, KeyboardInterrupt):
                 raise
+            reason = str(exc) if isinstance(exc, ClusterError) else _short_error(exc)
             raise ClusterError(
-                f"Starting the cluster failed and was rolled back: {_short_error(exc)}"
+                f"{reason}\nThe start was rolled back: the controller and engines it launched are stopped."
             ) from exc
         _current = sess
     _start_monitor(sess)
@@ -747,15 +748,18 @@ def _stop_monitor(sess: Session) -> None:
 
 def _close(sess: Session) -> None:
     global _current
+    from mpnb.engine import bootstrap
+
     with _lock:
         _stop_monitor(sess)  # samplers and the kernel end stop before the engines do
+        # Leaving the process group first lets engines exit at once; with a live gloo group they
+        # ignore SIGTERM and are killed only after ipyparallel's 5 s grace.
+        with contextlib.suppress(Exception):
+            sess.client[list(sess.client.ids)].apply_async(bootstrap.teardown).wait(3)
         if sess.cluster is not None:
+            with contextlib.suppress(Exception):
+                sess.client.shutdown(hub=False, block=False)  # engines exit now; the stop below reaps them
             _stop_cluster_quietly(sess.cluster)
-        else:
-            from mpnb.engine import bootstrap
-
-            with contextlib.suppress(Exception):  # leave the external engines without a process group
-                sess.view().apply_async(bootstrap.teardown).wait(10)
         with contextlib.suppress(Exception):
             sess.client.close()
         sess.closed = True

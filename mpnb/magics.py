@@ -228,8 +228,8 @@ class MpnbMagics(Magics):
 
 def _remote_message(exc: BaseException) -> str:
     inner = getattr(exc, "elist", None)
-    if inner:
-        exc = inner[0]
+    if inner:  # CompositeError: (ename, evalue, traceback, engine_info) per engine
+        return f"{inner[0][0]}: {inner[0][1]}"
     ename = getattr(exc, "ename", type(exc).__name__)
     evalue = getattr(exc, "evalue", str(exc))
     return f"{ename}: {evalue}"

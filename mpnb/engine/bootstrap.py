@@ -96,6 +96,12 @@ def setup(
         torch.set_num_threads(1)
         device = torch.device("cpu")
     else:
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                f"GPU {gpu} was assigned to this rank but torch here cannot use CUDA "
+                f"(torch {torch.__version__}, torch.cuda.is_available() is False). "
+                "Install a CUDA build of torch on the engines, or start CPU engines with `--backend gloo`."
+            )
         # torch was imported before binding (connect to a used engine): index the physical GPU.
         index = 0 if os.environ.get("CUDA_VISIBLE_DEVICES") == str(gpu) else gpu
         device = torch.device("cuda", index)

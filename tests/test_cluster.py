@@ -1,0 +1,214 @@
+"""Cluster lifecycle through `%mpnb` in a real IPython shell: bad input, start, status, config, restart, stop.
+
+This module manages its own clusters (it tests starting and stopping them), so it does
+not use the shared `cluster` fixture.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+
+import psutil
+import pytest
+from IPython.utils.capture import capture_output
+
+import mpnb
+from mpnb import devices
+from mpnb.cluster import current
+from mpnb.errors import ClusterError, ConfigError, MpnbError, NoClusterError
+from mpnb.output import strip_ansi
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def run(ip, source: str):
+    with capture_output() as cap:
+        result = ip.run_cell(source, store_history=True)
+    return result, strip_ansi(cap.stdout)
+
+
+def children() -> set[int]:
+    return {
+        p.pid for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != "zombie"
+    }
+
+
+def wait_for_children(expected: set[int], timeout: float = 15.0) -> set[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = children()
+        if now <= expected:
+            return now
+        time.sleep(0.2)
+    return children()
+
+
+@pytest.fixture
+def fake_gpus():
+    devices.set_probe(
+        lambda: [devices.Gpu(0, "Fake H100", 80 * 2**30), devices.Gpu(1, "Fake H100", 80 * 2**30)]
+    )
+    yield
+    devices.set_probe(None)
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_session():
+    mpnb.stop()
+    yield
+    mpnb.stop()
+
+
+def expect_error(ip, line: str, error: type[MpnbError], *phrases: str) -> str:
+    res, out = run(ip, line)
+    assert not res.success, line
+    assert isinstance(res.error_in_exec, error), (line, res.error_in_exec)
+    for phrase in phrases:
+        assert phrase in out, (line, phrase, out)
+    assert "Traceback" not in out  # one short message, not a traceback
+    return out
+
+
+def test_bad_input_is_refused_before_anything_starts(ipython):
+    before = children()
+    expect_error(ipython, "%%distributed\nprint(1)", NoClusterError, "%mpnb start")
+    expect_error(ipython, "%mpnb start -n 0", ConfigError, "-n must be", "at least 1")
+    expect_error(ipython, "%mpnb start -n two", ConfigError, "invalid int value")
+    expect_error(
+        ipython, "%mpnb start --frobnicate", ConfigError, "unrecognized arguments: --frobnicate", "Usage"
+    )
+    expect_error(ipython, "%mpnb launch", ConfigError, "Unknown subcommand `%mpnb launch`", "%mpnb start")
+    expect_error(ipython, "%mpnb", ConfigError, "needs a subcommand")
+    expect_error(ipython, "%mpnb start --devices 0,1", ConfigError, "not visible", "Leave --devices out")
+    expect_error(
+        ipython, "%mpnb start --backend nccl", ConfigError, "nccl backend needs GPUs", "--backend gloo"
+    )
+    expect_error(ipython, "%mpnb start --backend mpi", ConfigError, "invalid choice: 'mpi'")
+    expect_error(ipython, "%mpnb start --timeout -5", ConfigError, "positive number of seconds")
+    expect_error(ipython, "%mpnb start --timeout 0", ConfigError, "positive number of seconds")
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        expect_error(ipython, f"%mpnb start --port {port}", ClusterError, f"Port {port} is already in use")
+    expect_error(ipython, "%mpnb restart", NoClusterError, "%mpnb start")
+    expect_error(ipython, "%mpnb pull x", NoClusterError)
+    _, out = run(ipython, "%mpnb status")
+    assert "No mpnb cluster is running" in out
+    with pytest.raises(NoClusterError):
+        mpnb.session()
+    assert current() is None
+    assert children() <= before  # nothing was started by any of it
+
+
+def test_device_choices_are_checked_against_visible_gpus(ipython, fake_gpus):
+    expect_error(
+        ipython, "%mpnb start --devices 0,5", ConfigError, "GPU 5 is not visible", "Visible GPUs: 0, 1"
+    )
+    expect_error(ipython, "%mpnb start --devices 0,0", ConfigError, "lists a GPU twice")
+    expect_error(ipython, "%mpnb start --devices 0,x", ConfigError, "GPU indices separated by commas")
+    expect_error(ipython, "%mpnb start -n 3", ConfigError, "more engines than there are visible GPUs (2)")
+    expect_error(ipython, "%mpnb start -n 1 --devices 0,1", ConfigError, "does not match")
+
+
+def test_a_start_that_fails_on_the_engines_leaves_nothing_running(ipython, fake_gpus):
+    # The kernel believes in GPU 0 (faked) but torch on the engines has no CUDA, so binding fails
+    # after the controller and engines are up: the start must roll all of it back.
+    before = children()
+    out = expect_error(ipython, "%mpnb start --devices 0 --backend gloo", ClusterError, "rolled back", "CUDA")
+    assert "Setting up torch.distributed failed" in out
+    assert wait_for_children(before) <= before
+    assert current() is None
+
+
+def test_lifecycle_start_status_config_push_pull_restart_stop(ipython):
+    ip = ipython
+    before = children()
+    changes: list[str] = []
+    from mpnb.cluster import on_change
+
+    unsubscribe = on_change(lambda s: changes.append(s.last_event))
+    try:
+        res, out = run(ip, "%mpnb start -n 2 --timeout 30")
+        assert res.success, out
+        assert re.fullmatch(
+            r"mpnb: 2 ranks ready in \d+\.\d s · devices: cpu x2 · backend gloo · process group timeout 30 s",
+            out.strip(),
+        )
+        sess = mpnb.session()
+        assert [r.rank for r in sess.ranks] == [0, 1] and sess.world_size == 2 and sess.backend == "gloo"
+        assert len(children() - before) >= 3  # controller + 2 engines
+
+        expect_error(ip, "%mpnb start", ClusterError, "already running", "%mpnb stop")
+
+        _, out = run(ip, "%mpnb status")
+        rows = out.strip().splitlines()
+        assert rows[1].split() == ["rank", "host", "pid", "device", "alive", "busy"]
+        pids = {r.pid for r in sess.ranks}
+        for rank, row in enumerate(rows[2:]):
+            cells = row.split()
+            assert cells[0] == str(rank) and int(cells[2]) in pids and cells[3:] == ["cpu", "True", "False"]
+
+        # config: set, shown, pushed to every rank; impossible values refused
+        res, out = run(ip, "%mpnb config micro_batch_size=4 strategy=zero zero_stage=2")
+        assert res.success, out
+        assert sess.config.micro_batch_size == 4 and sess.config.zero_stage == 2
+        _, out = run(
+            ip,
+            "%%distributed\ncfg = mpnb.engine.state.config\n"
+            "print(cfg['micro_batch_size'], cfg['zero_stage'])",
+        )
+        assert out.strip() == "[ranks 0,1] 4 2"
+        expect_error(ip, "%mpnb config micro_batch_size=-1", ConfigError)
+        assert sess.config.micro_batch_size == 4
+
+        # push and pull
+        ip.user_ns["lr"] = 0.25
+        assert run(ip, "%mpnb push lr")[0].success
+        assert run(ip, "%%distributed\nscaled = lr * (rank + 1)")[0].success
+        assert ip.run_line_magic("mpnb", "pull scaled") == {0: 0.25, 1: 0.5}
+        assert ip.run_line_magic("mpnb", "pull scaled --rank 1") == 0.5
+        expect_error(ip, "%mpnb pull nothing_here", ConfigError, "Could not pull 'nothing_here'")
+        expect_error(ip, "%mpnb push not_defined_anywhere", ConfigError, "not defined in the notebook")
+        expect_error(ip, "%mpnb pull scaled --rank 7", ClusterError, "There is no rank 7")
+
+        # restart: new engines (new ids, new pids), same world size, fresh namespaces, working group
+        old_ids = {r.engine_id for r in sess.ranks}
+        res, out = run(ip, "%mpnb restart")
+        assert res.success, out
+        assert "mpnb: 2 ranks ready" in out
+        assert mpnb.session() is sess and sess.world_size == 2
+        assert not old_ids & {r.engine_id for r in sess.ranks}
+        assert not pids & {r.pid for r in sess.ranks}
+        res, out = run(
+            ip, "%%distributed\nprint('scaled' in dir())\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()"
+        )
+        assert res.success and "[ranks 0,1] False" in out and out.strip().endswith("2.0")
+        _, out = run(ip, "%%distributed\nprint(mpnb.engine.state.config['micro_batch_size'])")
+        assert out.strip() == "[ranks 0,1] 4"  # the session's config survives a restart
+
+        res, out = run(ip, "%mpnb stop")
+        assert res.success and "cluster stopped" in out
+        assert sess.closed and current() is None
+        assert wait_for_children(before) <= before
+    finally:
+        unsubscribe()
+    assert changes[0] == "start" and "config" in changes and "restart" in changes and changes[-1] == "stop"
+    assert "cell" in changes
+
+
+def test_python_api_start_and_stop():
+    sess = mpnb.start(n=2, timeout=20, verbose=False)
+    try:
+        assert mpnb.session() is sess
+        sess.view().execute(
+            "import os; from mpnb.engine import state as s; ws, r = os.environ['WORLD_SIZE'], s.rank"
+        ).get()
+        assert sess.view().pull("ws", block=True) == ["2", "2"]
+        assert sess.view([1, 0]).pull("r", block=True) == [1, 0]  # views list ranks in the order asked
+    finally:
+        mpnb.stop()
+    with pytest.raises(NoClusterError):
+        mpnb.session()
