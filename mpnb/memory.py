@@ -68,6 +68,14 @@ class MemoryStore:
             except Exception:  # one broken chart must not starve the others
                 log.exception("memory subscriber %r failed", callback)
 
+    def set_estimate(self, per_rank: dict[int, int] | None) -> None:
+        """Set the dashed line: total bytes per rank, as `mpnb.estimate(...).by_rank()` gives.
+
+        Engines send it for each new Trainer; set it by hand for a model they cannot
+        estimate (a pipeline stage). Open charts pick it up with their next batch.
+        """
+        self.estimate = dict(per_rank) if per_rank else None
+
     def subscribe(self, callback: Subscriber) -> Callable[[], None]:
         """Call `callback(batch)` for every new batch; returns the function that unsubscribes."""
         with self._lock:
@@ -203,6 +211,11 @@ class MemoryChart(DOMWidget):
         super().close()
 
     def _on_batch(self, batch: list[Sample]) -> None:
+        store = self._store
+        if store is not None:
+            estimate = _estimate_trait(store.estimate)
+            if estimate != self.estimate:
+                self.estimate = estimate
         ranks = set(self.ranks)
         wanted = [s for s in batch if not ranks or s["rank"] in ranks]
         batcher = self._batcher

@@ -129,17 +129,25 @@ class MonitorChannel:
             self._context.term()
 
     def _verify(self, session: Any, frames: list[bytes]) -> list[dict[str, Any]]:
-        """The samples in one message, or [] (and a count in `dropped`) if it is not authentic."""
+        """The samples in one message, or [] (and a count in `dropped`) if it is not authentic.
+
+        A message may also carry the estimate for the rank's new Trainer, which goes
+        to `store.set_estimate`.
+        """
         try:
             _, msg_frames = session.feed_identities(frames, copy=True)
             msg = session.deserialize(msg_frames, content=True)
             if msg["header"].get("msg_type") != MSG_TYPE:
                 raise ValueError("unexpected message type")
-            samples = msg["content"]["samples"]
+            content = msg["content"]
+            samples = content["samples"]
             if not isinstance(samples, list) or not all(
                 isinstance(s, dict) and all(k in s for k in _SAMPLE_KEYS) for s in samples
             ):
                 raise ValueError("malformed samples")
+            estimate = content.get("estimate")
+            if estimate is not None:
+                self.store.set_estimate({int(rank): int(total) for rank, total in estimate.items()})
             return samples
         except Exception:
             self.dropped += 1

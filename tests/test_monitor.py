@@ -19,8 +19,7 @@ from mpnb.memory import MemoryStore
 
 @pytest.fixture(scope="module")
 def sess(cluster):
-    if getattr(cluster, "monitor_channel", None) is None:  # until the session starts it by itself
-        monitor_channel.attach(cluster)
+    assert cluster.monitor_channel.running, "mpnb.start must start the memory monitor"
     return cluster
 
 
@@ -242,6 +241,58 @@ def test_channel_refuses_to_run_without_a_key():
 
 def test_binds_to_the_cluster_interface_not_all_interfaces(sess):
     assert sess.monitor_channel.endpoint.startswith("tcp://127.0.0.1:")
+
+
+# -- the Trainer's breakdown, measured by the monitor, against mpnb.estimate
+
+BREAKDOWN_CASES = [("zero", 0), ("zero", 1), ("zero", 2), ("zero", 3), ("fsdp", 0)]
+
+
+@pytest.mark.parametrize(("strategy", "stage"), BREAKDOWN_CASES, ids=lambda v: str(v))
+def test_measured_breakdown_matches_the_estimate(sess, strategy, stage):
+    from mpnb.config import Config
+    from mpnb.estimator import estimate
+    from mpnb.models import tiny_gpt
+
+    cfg = Config(strategy=strategy, zero_stage=stage, micro_batch_size=4)
+    code = (
+        "import torch, mpnb\n"
+        "from mpnb.models import tiny_gpt, synthetic_batches\n"
+        "model = tiny_gpt()\n"
+        "trainer = mpnb.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3), "
+        f"config={cfg.to_dict()!r})\n"
+        "for batch in synthetic_batches(batch_size=8, steps=2):\n"
+        "    trainer.step(batch)\n"
+    )
+    sess.memory.set_estimate(None)
+    sess.view().execute(code, block=True).get()
+    ended = time.time()
+    store = sess.memory
+    assert _wait_for(lambda: all(any(s["t"] > ended for s in store.samples(r)) for r in (0, 1)))
+    predicted = estimate(tiny_gpt(), cfg, 2)
+    for rank in (0, 1):
+        sample = store.samples(rank)[-1]
+        expected = predicted.ranks[rank]
+        for category in ("parameters", "gradients", "optimizer"):
+            want = getattr(expected, category)
+            assert want > 0 and abs(sample[category] - want) <= 0.1 * want, (
+                rank,
+                category,
+                sample[category],
+                want,
+            )
+        assert sample["other"] == max(
+            0, sample["used"] - sample["parameters"] - sample["gradients"] - sample["optimizer"]
+        )
+    # the engines sent the estimate for the new Trainer: the chart's dashed line
+    assert _wait_for(lambda: store.estimate is not None, 5)
+    for rank in (0, 1):
+        if (strategy, stage) != ("zero", 3):  # the engine estimates from the model as it is after prepare
+            assert (
+                abs(store.estimate[rank] - predicted.ranks[rank].total) <= 0.1 * predicted.ranks[rank].total
+            )
+        else:  # ZeRO-3 partitioned the parameters and hides the model's shape: model states only
+            assert store.estimate[rank] >= predicted.ranks[rank].model_states
 
 
 # -- last: stopping the cluster stops the samples

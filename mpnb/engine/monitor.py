@@ -101,6 +101,31 @@ def build_sample(reader: MemoryReader, rank: int, busy: bool, trainer: Any | Non
     }
 
 
+_WRAPPERS = ("DistributedDataParallel", "DeepSpeedEngine", "FullyShardedDataParallel")
+
+
+def estimate_totals(trainer: Any) -> dict[int, int] | None:
+    """Per-rank total bytes `mpnb.estimate` predicts for the trainer's model and config.
+
+    None where the model on this rank is not the whole model (a pipeline stage)
+    or the estimator cannot read it: the chart then draws no estimate line.
+    """
+    config = getattr(trainer, "config", None)
+    model = getattr(trainer, "model", None)
+    if config is None or model is None or getattr(config, "strategy", None) == "pipeline":
+        return None
+    while type(model).__name__ in _WRAPPERS and getattr(model, "module", None) is not None:
+        model = model.module
+    from mpnb.estimator import estimate
+
+    params = list(model.parameters())
+    if any(hasattr(p, "ds_numel") for p in params):  # ZeRO-3 partitioned them: count the full sizes
+        result = estimate(sum(int(p.ds_numel) for p in params), config, state.world_size)
+    else:
+        result = estimate(model, config, state.world_size)
+    return result.by_rank()
+
+
 class Signer:
     """Builds signed messages in `jupyter_client.Session`'s wire format, cheaply.
 
@@ -191,6 +216,17 @@ class Sampler(threading.Thread):
         except Exception:
             self.errors += 1
 
+    def _send_estimate(self, socket: Any, signer: Signer, trainer: Any) -> None:
+        import zmq
+
+        try:
+            totals = estimate_totals(trainer)
+            if totals is not None:
+                content = {"samples": [], "estimate": {str(r): int(v) for r, v in totals.items()}}
+                socket.send_multipart(signer.frames(MSG_TYPE, content), zmq.NOBLOCK)
+        except Exception:  # no estimate is better than no samples
+            self.errors += 1
+
     def run(self) -> None:
         import zmq
 
@@ -203,9 +239,14 @@ class Sampler(threading.Thread):
         pending: list[dict[str, Any]] = []
         last_send = 0.0
         last_busy: bool | None = None
+        estimated: Any = None  # the trainer whose estimate was sent last
         try:
             while not self._stop_event.is_set():
                 busy = is_busy()
+                trainer = state.active_trainer()
+                if trainer is not None and trainer is not estimated:
+                    estimated = trainer
+                    self._send_estimate(socket, signer, trainer)
                 try:
                     pending.append(
                         build_sample(self._current_reader(), state.rank, busy, state.active_trainer())
