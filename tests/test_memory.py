@@ -58,11 +58,10 @@ def kernel():
             """
             import json, time
             import mpnb
-            from mpnb import monitor_channel
             from mpnb.memory import cell_chart
             s = mpnb.start(n=2, timeout=30, verbose=False)
-            if getattr(s, "monitor_channel", None) is None:
-                monitor_channel.attach(s)
+            assert s.monitor_channel.running
+            get_ipython().run_line_magic("load_ext", "mpnb")
             """
         )
         yield k
@@ -167,3 +166,22 @@ def test_memory_plot_sends_history_then_live_batches(kernel):
     live = [s for b in _custom_msgs(out, model_id) for s in b["samples"]]
     assert {s["rank"] for s in live} == {0, 1} and 3 <= len(live) <= 10  # idle: 1 Hz per rank
     kernel.run("plot.close()")
+
+
+def test_distributed_cell_shows_the_chart_unless_no_monitor(kernel):
+    out = kernel.run("%%distributed\nimport time\ntime.sleep(1)")
+    shown = [m for m in out if m["msg_type"] == "display_data" and WIDGET_MIME in m["content"]["data"]]
+    assert len(shown) == 1
+    display_id = shown[0]["content"]["transient"]["display_id"]
+    updates = [m for m in out if m["msg_type"] == "update_display_data"]
+    assert [u["content"]["transient"]["display_id"] for u in updates] == [display_id]
+    assert "image/png" in updates[0]["content"]["data"]
+
+    out = kernel.run("%%distributed --no-monitor\nimport time\ntime.sleep(0.3)")
+    charts = [
+        m
+        for m in out
+        if m["msg_type"] in ("display_data", "update_display_data")
+        and {WIDGET_MIME, "image/png"} & set(m["content"]["data"])
+    ]
+    assert charts == []
