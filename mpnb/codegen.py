@@ -17,7 +17,21 @@ if TYPE_CHECKING:
 
 # The built-in tensor-parallel plan for mpnb.models.GPT blocks (Megatron: column then row).
 DEFAULT_TENSOR_PLAN = {
-    "attn.qkv": "colwise", "attn.proj": "rowwise", "mlp.fc": "colwise", "mlp.proj": "rowwise",
+    "attn.qkv": "colwise",
+    "attn.proj": "rowwise",
+    "mlp.fc": "colwise",
+    "mlp.proj": "rowwise",
+}
+
+# Layer-name suffixes whose Linear layers mpnb's default tensor-parallel plan splits, and how
+# (the engine's tensor strategy and the estimator both follow this list).
+KNOWN_TENSOR_STYLES = {
+    "attn.qkv": "colwise", "attn.proj": "rowwise",  # mpnb.models.GPT
+    "mlp.fc": "colwise", "mlp.proj": "rowwise",
+    "q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "o_proj": "rowwise",  # Llama style
+    "out_proj": "rowwise",
+    "up_proj": "colwise", "gate_proj": "colwise", "down_proj": "rowwise",
+    "fc1": "colwise", "fc2": "rowwise",
 }
 
 _DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16", "fp16": "torch.float16"}
@@ -37,8 +51,10 @@ def config_code(cfg: Config, world_size: int, device_kind: str = "cuda") -> str:
         "rank, world_size = dist.get_rank(), dist.get_world_size()",
     ]
     if device_kind == "cuda":
-        head += ['device = torch.device("cuda", 0)  # mpnb binds one GPU per engine via CUDA_VISIBLE_DEVICES',
-                 "torch.cuda.set_device(device)"]
+        head += [
+            'device = torch.device("cuda", 0)  # mpnb binds one GPU per engine via CUDA_VISIBLE_DEVICES',
+            "torch.cuda.set_device(device)",
+        ]
     else:
         head += ['device = torch.device("cpu")']
     head.append("model = model.to(device)")
@@ -58,9 +74,9 @@ def _checkpointing(cfg: Config) -> list[str]:
         return []
     return [
         "# activation checkpointing: keep only each block's input, recompute the rest in backward",
-        "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper",
-        "for i, block in enumerate(model.blocks):",
-        "    model.blocks[i] = checkpoint_wrapper(block)",
+        "from torch.distributed._composable import checkpoint",
+        "for block in model.blocks:",
+        "    checkpoint(block)",
     ]
 
 
@@ -105,30 +121,29 @@ def _ddp(cfg: Config, world_size: int, dp: int, device_kind: str) -> list[str]:
     ]
 
 
-def _fsdp_shard_lines(cfg: Config, mesh: str, indent: str = "") -> list[str]:
+def _fsdp_shard_lines(cfg: Config, mesh: str) -> list[str]:
+    args = [f"mesh={mesh}", f"reshard_after_forward={cfg.reshard_after_forward}"]
     lines = []
-    if cfg.precision != "fp32":
-        lines.append(f"{indent}mp_policy = MixedPrecisionPolicy(param_dtype={_DTYPES[cfg.precision]}, "
+    if cfg.precision != "fp32":  # compute in 16 bits, keep fp32 shards and reduce gradients in fp32
+        lines.append(f"mp_policy = MixedPrecisionPolicy(param_dtype={_DTYPES[cfg.precision]}, "
                      "reduce_dtype=torch.float32)")
-    else:
-        lines.append(f"{indent}mp_policy = MixedPrecisionPolicy()  # fp32: no casting")
-    extra = ", offload_policy=CPUOffloadPolicy()" if cfg.offload == "parameters" else ""
-    reshard = cfg.reshard_after_forward
+        args.append("mp_policy=mp_policy")
+    if cfg.offload == "parameters":
+        args.append("offload_policy=CPUOffloadPolicy()")
+    kwargs = ", ".join(args)
     if cfg.fsdp_wrap:
         names = "{" + ", ".join(repr(n) for n in cfg.fsdp_wrap) + "}"
         lines += [
-            f"{indent}for module in list(model.modules()):",
-            f"{indent}    if type(module).__name__ in {names}:  # one FSDP unit per wrapped class",
-            f"{indent}        fully_shard(module, mesh={mesh}, mp_policy=mp_policy, "
-            f"reshard_after_forward={reshard}{extra})",
+            "for module in list(model.modules()):",
+            f"    if type(module).__name__ in {names}:  # one FSDP unit per wrapped class",
+            f"        fully_shard(module, {kwargs})",
         ]
     else:
         lines += [
-            f"{indent}for block in model.blocks:  # one FSDP unit per block: gathered just before it runs",
-            f"{indent}    fully_shard(block, mesh={mesh}, mp_policy=mp_policy, "
-            f"reshard_after_forward={reshard}{extra})",
+            "for block in model.blocks:  # one FSDP unit per block: gathered just before it runs",
+            f"    fully_shard(block, {kwargs})",
         ]
-    lines.append(f"{indent}fully_shard(model, mesh={mesh}, mp_policy=mp_policy{extra})  # embeddings, head")
+    lines.append(f"fully_shard(model, {kwargs})  # the rest: embeddings, final norm, head")
     return lines
 
 
@@ -233,11 +248,18 @@ def _pipeline(cfg: Config, world_size: int, dp: int, device_kind: str) -> list[s
 
 def _tensor(cfg: Config, world_size: int, dp: int, device_kind: str) -> list[str]:
     tp = cfg.tensor_parallel
-    plan = cfg.tensor_plan or DEFAULT_TENSOR_PLAN
     styles = {"colwise": "ColwiseParallel()", "rowwise": "RowwiseParallel()"}
-    plan_lines = [f"    {name!r}: {styles[style]}," for name, style in plan.items()]
+    if cfg.tensor_plan:
+        plan_lines = [f"    {name!r}: {styles[style]}," for name, style in cfg.tensor_plan.items()]
+        heads = "# divide the head count of attention modules with a colwise child by the degree"
+    else:
+        plan_lines = [f"    {'blocks.*.' + name!r}: {styles[style]},"
+                      for name, style in DEFAULT_TENSOR_PLAN.items()]
+        heads = (f"for block in model.blocks:\n    block.attn.n_head //= {tp}  "
+                 "# each rank computes its share of the heads")
     lines = [
-        f"# Tensor parallel: each block's matrices are split over {tp} ranks (Megatron column then row)",
+        f"# Tensor parallel: each block's matrices are split over {tp} ranks (Megatron column then row);",
+        "# embeddings, layer norms and the head stay whole",
         "from torch.distributed.device_mesh import init_device_mesh",
         "from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module",
     ]
@@ -249,9 +271,8 @@ def _tensor(cfg: Config, world_size: int, dp: int, device_kind: str) -> list[str
         "plan = {",
         *plan_lines,
         "}",
-        "for block in model.blocks:",
-        f"    block.attn.n_head //= {tp}  # each rank computes its share of the heads",
-        '    parallelize_module(block, mesh["tp"], plan)',
+        'parallelize_module(model, mesh["tp"], plan)',
+        heads,
         *_checkpointing(cfg),
     ]
     loop_cfg = cfg

@@ -62,11 +62,12 @@ typing, and a plain parameter count needs nothing else.
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mpnb.codegen import DEFAULT_TENSOR_PLAN
+from mpnb.codegen import KNOWN_TENSOR_STYLES
 from mpnb.config import Config
 from mpnb.errors import ConfigError
 
@@ -196,8 +197,10 @@ class Estimate:
         ]
         if w.offloaded:
             parts.append(f"offloaded to CPU {format_bytes(w.offloaded)}")
-        return (f"<Estimate {self.summary}, {self.num_params:,} params: {who} holds "
-                f"{format_bytes(w.total)} = {', '.join(parts)}>")
+        return (
+            f"<Estimate {self.summary}, {self.num_params:,} params: {who} holds "
+            f"{format_bytes(w.total)} = {', '.join(parts)}>"
+        )
 
 
 def format_bytes(n: float) -> str:
@@ -220,7 +223,7 @@ class _Layout:
     first: int = 0  # before the blocks (embeddings): pipeline stage 0
     last: int = 0  # after the blocks (final norm, head): last pipeline stage
     blocks: list[int] = field(default_factory=list)  # parameters per repeated block
-    blocks_tp: list[int] = field(default_factory=list)  # of which split by tensor parallelism
+    tp_split: int | None = None  # parameters tensor parallelism splits (None: assume all of them)
     largest_layer: int = 0  # most parameters directly in one module (DeepSpeed's definition)
     # activation shape (None when unknown: activations are then 0 with a note)
     n_layer: int | None = None
@@ -240,7 +243,8 @@ def _layout_from_count(n: int, shape: dict[str, Any], plan_is_default: bool) -> 
         vocab = shape.get("vocab") or 0
         if per_block * L <= n:
             layout.blocks = [per_block] * L
-            layout.blocks_tp = [12 * h * h + 7 * h if plan_is_default else 0] * L
+            if plan_is_default:  # qkv, proj, fc, proj weights and the column-parallel biases
+                layout.tp_split = (12 * h * h + 7 * h) * L
             rest = n - per_block * L
             head = min(rest, vocab * h + 2 * h) if vocab else 0
             layout.last, layout.first = head, rest - head
@@ -302,6 +306,42 @@ def _shape_from_config(model: Any) -> dict[str, Any]:
     return {k: v for k, v in shape.items() if v is not None}
 
 
+def _tensor_split_params(model: Any, plan: dict[str, str]) -> int:
+    """Parameters the tensor-parallel plan splits: colwise Linear weight and bias, rowwise weight.
+
+    `plan` maps module-path patterns (fnmatch, as `config.tensor_plan`) to styles;
+    empty means the default plan: Linear layers whose names end in a known suffix,
+    else the Linear pairs of an nn.Sequential.
+    """
+    modules = [(name, m) for name, m in model.named_modules() if name]
+    styles: dict[str, str] = {}
+    if plan:
+        for name, _ in modules:
+            for pattern, style in plan.items():
+                if fnmatch.fnmatchcase(name, pattern):
+                    styles[name] = style
+    else:
+        for name, m in modules:
+            if type(m).__name__ != "Linear":
+                continue
+            for suffix, style in KNOWN_TENSOR_STYLES.items():
+                if name == suffix or name.endswith("." + suffix):
+                    styles[name] = style
+                    break
+        if not styles and type(model).__name__ == "Sequential":
+            linears = [n for n, m in model.named_children() if type(m).__name__ == "Linear"]
+            for first, second in zip(linears[0::2], linears[1::2], strict=False):
+                styles[first], styles[second] = "colwise", "rowwise"
+    total = 0
+    by_name = dict(modules)
+    for name, style in styles.items():
+        module = by_name[name]
+        for pname, p in module.named_parameters(recurse=False):
+            if pname == "weight" or (style == "colwise" and type(module).__name__ == "Linear"):
+                total += int(p.numel())
+    return total
+
+
 def _layout_from_module(model: Any, plan: dict[str, str]) -> tuple[_Layout, dict[str, Any]]:
     seen: dict[int, int] = {}
     order: list[tuple[str, int, int]] = []  # (name, key, numel)
@@ -316,22 +356,17 @@ def _layout_from_module(model: Any, plan: dict[str, str]) -> tuple[_Layout, dict
         largest = max(largest, sum(int(p.numel()) for p in m.parameters(recurse=False)))
     layout = _Layout(total=total, largest_layer=largest)
 
+    layout.tp_split = _tensor_split_params(model, plan)
     _, blocks = _find_blocks(model)
     if blocks:
         block_keys: set[int] = set()
         for block in blocks:
-            count = tp = 0
-            for pname, p in block.named_parameters():
-                if id(p) in block_keys:
-                    continue
-                block_keys.add(id(p))
-                count += int(p.numel())
-                module_name, _, kind = pname.rpartition(".")
-                style = plan.get(module_name)
-                if style == "colwise" or (style == "rowwise" and kind == "weight"):
-                    tp += int(p.numel())
+            count = 0
+            for p in block.parameters():
+                if id(p) not in block_keys:
+                    block_keys.add(id(p))
+                    count += int(p.numel())
             layout.blocks.append(count)
-            layout.blocks_tp.append(tp)
         seen_block = False
         for _name, key, numel in order:
             if key in block_keys:
@@ -386,7 +421,7 @@ def estimate(
     problems = cfg.problems(world_size, None)
     if problems:
         raise ConfigError(problems[0])
-    plan = cfg.tensor_plan or DEFAULT_TENSOR_PLAN
+    plan = dict(cfg.tensor_plan)  # empty: the default plan (KNOWN_TENSOR_STYLES)
 
     if isinstance(model_or_num_params, bool) or not (
         isinstance(model_or_num_params, int) or _is_module(model_or_num_params)
@@ -395,8 +430,14 @@ def estimate(
             "estimate() takes an nn.Module or a parameter count (int), "
             f"got {type(model_or_num_params).__name__}."
         )
-    given = {"n_layer": n_layer, "hidden": hidden, "heads": n_head, "seq_len": seq_len, "vocab": vocab_size,
-             "largest_layer": largest_layer_params}
+    given = {
+        "n_layer": n_layer,
+        "hidden": hidden,
+        "heads": n_head,
+        "seq_len": seq_len,
+        "vocab": vocab_size,
+        "largest_layer": largest_layer_params,
+    }
     if isinstance(model_or_num_params, int):
         if model_or_num_params < 0:
             raise ConfigError(f"The parameter count must be positive (got {model_or_num_params}).")
@@ -419,21 +460,34 @@ def estimate(
     mb = micro_batch_size if micro_batch_size is not None else cfg.micro_batch_size
     notes: list[str] = []
     if layout.n_layer is None or layout.hidden is None or layout.seq_len is None:
-        notes.append("activations not estimated: pass n_layer, hidden, n_head and seq_len (or a model "
-                     "with a config) to include them")
-    if cfg.strategy == "tensor" and layout.blocks and not any(layout.blocks_tp):
+        notes.append(
+            "activations not estimated: pass n_layer, hidden, n_head and seq_len (or a model "
+            "with a config) to include them"
+        )
+    if cfg.strategy == "tensor" and layout.tp_split == 0:
         notes.append("no parameters matched the tensor-parallel plan; parameters are counted unsplit")
     ranks = tuple(
         _rank_estimate(r, cfg, world_size, layout, ppk, mb, accounting, reduce_bucket_size)
         for r in range(world_size)
     )
     worst = max(ranks, key=lambda r: r.total)
-    if cfg.strategy == "zero" and cfg.zero_stage in (1, 2) and accounting == "implementation" and (
-            worst.buffers > worst.model_states):
-        notes.append(f"DeepSpeed's gradient reduction bucket ({reduce_bucket_size:.2g} elements, allocated "
-                     "whole) outweighs the model states here; a smaller reduce_bucket_size saves it")
-    return Estimate(ranks=ranks, num_params=layout.total, summary=cfg.summary(world_size),
-                    bytes_per_param=ppk, notes=tuple(notes))
+    if (
+        cfg.strategy == "zero"
+        and cfg.zero_stage in (1, 2)
+        and accounting == "implementation"
+        and (worst.buffers > worst.model_states)
+    ):
+        notes.append(
+            f"DeepSpeed's gradient reduction bucket ({reduce_bucket_size:.2g} elements, allocated "
+            "whole) outweighs the model states here; a smaller reduce_bucket_size saves it"
+        )
+    return Estimate(
+        ranks=ranks,
+        num_params=layout.total,
+        summary=cfg.summary(world_size),
+        bytes_per_param=ppk,
+        notes=tuple(notes),
+    )
 
 
 def _as_config(config: Config | dict[str, Any] | None) -> Config:
@@ -446,8 +500,9 @@ def _as_config(config: Config | dict[str, Any] | None) -> Config:
     raise ConfigError(f"config must be an mpnb.Config or a dict, got {type(config).__name__}.")
 
 
-def _bytes_per_param(cfg: Config, optimizer: str, accounting: str,
-                     override: tuple[float, float, float] | None) -> tuple[float, float, float]:
+def _bytes_per_param(
+    cfg: Config, optimizer: str, accounting: str, override: tuple[float, float, float] | None
+) -> tuple[float, float, float]:
     """(P, G, K) for this strategy and precision: the table in the module docstring."""
     if override is not None:
         p, g, k = override
@@ -474,12 +529,12 @@ def _zero_stage(cfg: Config) -> int:
     return 0  # ddp, and pipeline replicas under DDP
 
 
-def _stage_params(layout: _Layout, stages: int, stage: int) -> tuple[int, int]:
-    """(parameters, tensor-splittable parameters) of pipeline stage `stage`."""
+def _stage_params(layout: _Layout, stages: int, stage: int) -> int:
+    """Parameters of pipeline stage `stage` (the whole model for one stage)."""
     if stages == 1:
-        return layout.total, sum(layout.blocks_tp)
+        return layout.total
     if not layout.blocks:
-        return math.ceil(layout.total / stages), 0
+        return math.ceil(layout.total / stages)
     per = len(layout.blocks) / stages
     lo, hi = round(stage * per), round((stage + 1) * per)
     params = sum(layout.blocks[lo:hi])
@@ -487,20 +542,27 @@ def _stage_params(layout: _Layout, stages: int, stage: int) -> tuple[int, int]:
         params += layout.first
     if stage == stages - 1:
         params += layout.last
-    return params, sum(layout.blocks_tp[lo:hi])
+    return params
 
 
-def _rank_estimate(rank: int, cfg: Config, world: int, layout: _Layout, ppk: tuple[float, float, float],
-                   mb: int, accounting: str, bucket: int) -> RankEstimate:
+def _rank_estimate(
+    rank: int,
+    cfg: Config,
+    world: int,
+    layout: _Layout,
+    ppk: tuple[float, float, float],
+    mb: int,
+    accounting: str,
+    bucket: int,
+) -> RankEstimate:
     P, G, K = ppk
     pp, tp = cfg.pipeline_stages, cfg.tensor_parallel
     dp = cfg.data_parallel(world)
     stage = rank % pp if cfg.strategy == "pipeline" else 0
 
-    local, splittable = _stage_params(layout, pp, stage)
-    if cfg.strategy == "tensor" and tp > 1:
-        # a bare count (no blocks known): assume every matrix is split
-        split = splittable if layout.blocks else local
+    local = _stage_params(layout, pp, stage)
+    if cfg.strategy == "tensor" and tp > 1:  # pipeline and tensor do not compose: local is the model
+        split = layout.tp_split if layout.tp_split is not None else local
         local = local - split + math.ceil(split / tp)
 
     zs = _zero_stage(cfg)
@@ -524,8 +586,15 @@ def _rank_estimate(rank: int, cfg: Config, world: int, layout: _Layout, ppk: tup
 
     buffers = _buffers(cfg, layout, local, zs, dp, accounting, bucket)
     acts = _activations(cfg, layout, mb, stage)
-    return RankEstimate(rank=rank, parameters=params, gradients=grads, optimizer=optim,
-                        activations=acts, buffers=buffers, offloaded=offloaded)
+    return RankEstimate(
+        rank=rank,
+        parameters=params,
+        gradients=grads,
+        optimizer=optim,
+        activations=acts,
+        buffers=buffers,
+        offloaded=offloaded,
+    )
 
 
 def _buffers(cfg: Config, layout: _Layout, local: int, zs: int, dp: int, accounting: str, bucket: int) -> int:

@@ -230,11 +230,12 @@ STRATEGY_APIS = [
      ["PipelineStage", "Schedule1F1B", "n_microbatches=4", "(2, 2)", "DistributedDataParallel"]),
     (Config(strategy="pipeline", pipeline_stages=4, microbatches=4), ["ScheduleGPipe", "(1, 4)"]),
     (Config(strategy="tensor", tensor_parallel=2),
-     ["parallelize_module", "ColwiseParallel", "RowwiseParallel", "'mlp.fc'", 'mesh_dim_names=("dp", "tp")',
+     ["parallelize_module", "ColwiseParallel", "RowwiseParallel", "'blocks.*.mlp.fc'",
+      'mesh_dim_names=("dp", "tp")',
       "fully_shard"]),
     (Config(strategy="tensor", tensor_parallel=4, tensor_plan={"fc1": "colwise", "fc2": "rowwise"}),
      ["'fc1': ColwiseParallel()", "'fc2': RowwiseParallel()"]),
-    (Config(activation_checkpointing=True), ["checkpoint_wrapper"]),
+    (Config(activation_checkpointing=True), ["from torch.distributed._composable import checkpoint"]),
 ]
 
 

@@ -216,6 +216,25 @@ def test_tiny_gpt_splits_by_pipeline_stage_and_tensor_plan() -> None:
     assert tp_dp.parameters == 4 * (n - split // 2) // 2
 
 
+def test_tensor_plan_patterns_and_sequential_pairs() -> None:
+    from mpnb.models import mlp, tiny_gpt
+
+    model = tiny_gpt(n_layer=2)
+    n = model.num_parameters()
+    plan = {"blocks.*.mlp.fc": "colwise", "blocks.*.mlp.proj": "rowwise"}
+    split = sum(b.mlp.fc.weight.numel() + b.mlp.fc.bias.numel() + b.mlp.proj.weight.numel()
+                for b in model.blocks)
+    est = estimate(model, Config(strategy="tensor", tensor_parallel=2, tensor_plan=plan), 2)
+    assert est.parameters == 4 * (n - split // 2)
+
+    seq = mlp((32, 64, 64, 10))  # Linear 0, GELU, Linear 2, GELU, Linear 4: pairs (0, 2)
+    n = sum(p.numel() for p in seq.parameters())
+    split = seq[0].weight.numel() + seq[0].bias.numel() + seq[2].weight.numel()
+    assert estimate(seq, Config(strategy="tensor", tensor_parallel=2), 2).parameters == 4 * (n - split // 2)
+    nothing = estimate(seq, Config(strategy="tensor", tensor_parallel=2, tensor_plan={"9": "colwise"}), 2)
+    assert nothing.parameters == 4 * n and any("matched the tensor-parallel plan" in x for x in nothing.notes)
+
+
 def test_activation_estimate_matches_saved_tensors_of_tiny_gpt() -> None:
     """The activations autograd really saves for one forward of the tiny GPT (fp32, SDPA, no dropout)."""
     import torch
