@@ -155,22 +155,31 @@ class MonitorChannel:
 
 
 def bind_interface(client: Any) -> str:
-    """The address the kernel listens on: the one the engines already use to reach the controller.
+    """The address the kernel listens on: where the engines can reach this machine.
 
-    Local clusters bind the controller to 127.0.0.1, and so do we. A controller on
-    all interfaces is reached by engines through its `location`; we bind to that
-    address, not to 0.0.0.0. `MPNB_MONITOR_INTERFACE` overrides both.
+    A local cluster's controller listens on 127.0.0.1, and so do we. Otherwise we
+    take this machine's address on the route to the controller (the engines
+    already reach the controller's network), never 0.0.0.0.
+    `MPNB_MONITOR_INTERFACE` overrides the choice.
     """
     override = os.environ.get(INTERFACE_ENV)
     if override:
         return override
     config = getattr(client, "_config", {}) or {}
-    interface = str(config.get("interface", "tcp://127.0.0.1")).split("://", 1)[-1]
-    if interface not in ("*", "0.0.0.0", ""):
-        return interface
-    location = config.get("location") or pysocket.gethostname()
+    url = str(config.get("registration") or config.get("interface") or "tcp://127.0.0.1")
+    host = url.split("://", 1)[-1].rsplit(":", 1)[0] if url.count(":") > 1 else url.split("://", 1)[-1]
+    if host in ("*", "0.0.0.0", ""):
+        host = str(config.get("location") or pysocket.gethostname())
     try:
-        return pysocket.gethostbyname(location)
+        host = pysocket.gethostbyname(host)
+    except OSError:
+        return "127.0.0.1"
+    if host.startswith("127.") or host == "localhost":
+        return "127.0.0.1"
+    try:
+        with pysocket.socket(pysocket.AF_INET, pysocket.SOCK_DGRAM) as probe:
+            probe.connect((host, 9))  # UDP connect sends nothing; it only picks the route
+            return probe.getsockname()[0]
     except OSError:
         return "127.0.0.1"
 

@@ -239,8 +239,19 @@ def test_channel_refuses_to_run_without_a_key():
         monitor_channel.MonitorChannel(MemoryStore(), b"")
 
 
-def test_binds_to_the_cluster_interface_not_all_interfaces(sess):
+def test_binds_to_the_cluster_interface_not_all_interfaces(sess, monkeypatch):
+    import psutil
+
     assert sess.monitor_channel.endpoint.startswith("tcp://127.0.0.1:")
+
+    class RemoteClient:  # the connection info a client of a controller on another host has
+        _config = {"registration": "tcp://10.99.0.1:5000", "interface": "tcp://10.99.0.1"}
+
+    local = {a.address for addrs in psutil.net_if_addrs().values() for a in addrs}
+    chosen = monitor_channel.bind_interface(RemoteClient())
+    assert chosen != "0.0.0.0" and chosen in local  # one of this machine's own addresses
+    monkeypatch.setenv(monitor_channel.INTERFACE_ENV, "127.0.0.2")
+    assert monitor_channel.bind_interface(RemoteClient()) == "127.0.0.2"
 
 
 # -- the Trainer's breakdown, measured by the monitor, against mpnb.estimate
