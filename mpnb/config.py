@@ -497,14 +497,17 @@ def _combination_problems(cfg: Config, world: int, device: str | None) -> list[s
                    f"set strategy=zero, or zero_stage=0 to use {s}.")
 
     # model-parallel degrees belong to their strategy
-    if s == "pipeline":
+    if s in ("pipeline", "tensor") and world < 2:
+        out.append(f"strategy={s} splits the model across ranks and needs at least 2; this world has "
+                   f"{world}. Start more ranks, or use ddp.")
+    elif s == "pipeline":
         if pp < 2:
             out.append(f"strategy=pipeline needs pipeline_stages >= 2 (got {pp}); "
                        f"set pipeline_stages to a divisor of the world size {world}, e.g. 2.")
     elif pp > 1 and s != "zero":
         out.append(f"pipeline_stages={pp} applies only to strategy=pipeline; "
                    "set strategy=pipeline or pipeline_stages=1.")
-    if s == "tensor":
+    if s == "tensor" and world >= 2:
         if tp < 2:
             out.append(f"strategy=tensor needs tensor_parallel >= 2 (got {tp}); "
                        f"set tensor_parallel to a divisor of the world size {world}, e.g. 2.")

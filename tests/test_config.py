@@ -55,6 +55,8 @@ IMPOSSIBLE = [
     (Config(tensor_plan={"mlp.fc": "diagonal"}, strategy="tensor", tensor_parallel=2), 2, "cuda",
      ["colwise, rowwise"]),
     (Config(), 0, "cuda", ["world_size must be a positive integer"]),
+    (Config(strategy="pipeline", pipeline_stages=2, microbatches=2), 1, "cuda", ["needs at least 2"]),
+    (Config(strategy="tensor"), 1, "cuda", ["needs at least 2", "use ddp"]),
     (Config(), 2, "tpu", ["device_kind must be one of cpu, cuda"]),
 ]
 

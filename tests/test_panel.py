@@ -295,6 +295,9 @@ def test_panel_edits_the_session_config_both_ways(late_cluster, ipython, capsys)
         assert p.world_size() == cluster.world_size == 2 and p.world.disabled
         assert p.device_kind() == "cpu"
         assert p.config == cluster.config
+        import psutil  # CPU ranks: the capacity marker is the machine's memory
+
+        assert abs(p.capacity() - psutil.virtual_memory().total) < 0.1e9
 
         # Apply reaches every engine
         p.strategy.value = "zero"

@@ -83,6 +83,15 @@ def parse_count(text: str) -> int:
     return int(float(match.group(1)) * scale)
 
 
+def _default_capacity_gb(device_kind: str) -> float:
+    """CPU ranks share the machine's memory (the monitor reports it as capacity); GPUs: an 80 GB card."""
+    if device_kind == "cpu":
+        import psutil
+
+        return psutil.virtual_memory().total / 1e9
+    return DEFAULT_CAPACITY_GB
+
+
 def _divisors_from_2(n: int) -> list[int]:
     return [d for d in range(2, n + 1) if n % d == 0]
 
@@ -174,7 +183,7 @@ class ConfigPanel(widgets.VBox):
         self.device = widgets.Dropdown(options=["cuda", "cpu"], value=kind, description="Device",
                                        style=_WIDE, disabled=sess is not None)
         if capacity_gb is None:
-            capacity_gb = self._session_capacity_gb() or DEFAULT_CAPACITY_GB
+            capacity_gb = self._session_capacity_gb() or _default_capacity_gb(kind)
         self.capacity_gb = widgets.BoundedFloatText(value=round(capacity_gb, 1), min=0, max=1e6,
                                                     description="Memory per rank (GB)", style=_WIDE)
         self.capacity_gb.add_class("mpnb-panel-capacity-input")
