@@ -224,7 +224,8 @@ class _Layout:
     last: int = 0  # after the blocks (final norm, head): last pipeline stage
     blocks: list[int] = field(default_factory=list)  # parameters per repeated block
     tp_split: int | None = None  # parameters tensor parallelism splits (None: assume all of them)
-    largest_layer: int = 0  # most parameters directly in one module (DeepSpeed's definition)
+    largest_layer: int = 0  # most parameters directly in one module (DeepSpeed's definition); 0 = unknown
+    unit: int = 0  # parameters of the biggest FSDP unit (a block, or the model); 0 = unknown
     # activation shape (None when unknown: activations are then 0 with a note)
     n_layer: int | None = None
     hidden: int | None = None
@@ -252,9 +253,13 @@ def _layout_from_count(n: int, shape: dict[str, Any], plan_is_default: bool) -> 
             layout.largest_layer = max(4 * h * h + 4 * h, vocab * h)
     if not layout.blocks:
         layout.first = n
-    if not layout.largest_layer:
-        layout.largest_layer = n
+    layout.unit = max(layout.blocks) if layout.blocks else 0  # a bare count says nothing of its layers
     return layout
+
+
+def _numel(p: Any) -> int:
+    """Elements of the full parameter, also when DeepSpeed ZeRO-3 has partitioned it away."""
+    return int(getattr(p, "ds_numel", 0) or p.numel())
 
 
 def _is_module(obj: Any) -> bool:
@@ -338,7 +343,7 @@ def _tensor_split_params(model: Any, plan: dict[str, str]) -> int:
         module = by_name[name]
         for pname, p in module.named_parameters(recurse=False):
             if pname == "weight" or (style == "colwise" and type(module).__name__ == "Linear"):
-                total += int(p.numel())
+                total += _numel(p)
     return total
 
 
@@ -348,12 +353,12 @@ def _layout_from_module(model: Any, plan: dict[str, str]) -> tuple[_Layout, dict
     for name, p in model.named_parameters(remove_duplicate=True):
         key = id(p)
         if key not in seen:
-            seen[key] = int(p.numel())
-            order.append((name, key, int(p.numel())))
+            seen[key] = _numel(p)
+            order.append((name, key, _numel(p)))
     total = sum(seen.values())
     largest = 0
     for _, m in model.named_modules():
-        largest = max(largest, sum(int(p.numel()) for p in m.parameters(recurse=False)))
+        largest = max(largest, sum(_numel(p) for p in m.parameters(recurse=False)))
     layout = _Layout(total=total, largest_layer=largest)
 
     layout.tp_split = _tensor_split_params(model, plan)
@@ -365,7 +370,7 @@ def _layout_from_module(model: Any, plan: dict[str, str]) -> tuple[_Layout, dict
             for p in block.parameters():
                 if id(p) not in block_keys:
                     block_keys.add(id(p))
-                    count += int(p.numel())
+                    count += _numel(p)
             layout.blocks.append(count)
         seen_block = False
         for _name, key, numel in order:
@@ -377,6 +382,8 @@ def _layout_from_module(model: Any, plan: dict[str, str]) -> tuple[_Layout, dict
                 layout.last += numel
     else:
         layout.first = total
+    # FSDP shards each block as a unit, else the whole model is the one unit
+    layout.unit = max(layout.blocks) if layout.blocks else total
     return layout, _shape_from_config(model)
 
 
@@ -464,6 +471,11 @@ def estimate(
             "activations not estimated: pass n_layer, hidden, n_head and seq_len (or a model "
             "with a config) to include them"
         )
+    gathers = cfg.strategy in ("zero", "fsdp") or cfg.data_parallel(world_size) > 1
+    if _zero_stage(cfg) == 3 and gathers and accounting == "implementation" and not (
+            layout.unit if cfg.strategy != "zero" else layout.largest_layer):
+        notes.append("the gathered-parameter buffers of ZeRO-3/FSDP are not estimated: pass "
+                     "largest_layer_params, or n_layer and hidden, or the model itself")
     if cfg.strategy == "tensor" and layout.tp_split == 0:
         notes.append("no parameters matched the tensor-parallel plan; parameters are counted unsplit")
     ranks = tuple(
@@ -601,7 +613,7 @@ def _buffers(cfg: Config, layout: _Layout, local: int, zs: int, dp: int, account
     compute = COMPUTE_BYTES[cfg.precision]
     if accounting == "deepspeed":
         # DeepSpeed's estimator: 4 bytes per parameter of the largest layer at stage 3, nothing at stage 2
-        return 4 * layout.largest_layer if zs == 3 else 0
+        return 4 * layout.largest_layer if zs == 3 else 0  # 0 when the largest layer is unknown
     if cfg.strategy == "zero":
         if cfg.zero_stage in (1, 2):
             # the gradient reduction bucket, allocated whole in the gradient dtype
@@ -610,7 +622,7 @@ def _buffers(cfg: Config, layout: _Layout, local: int, zs: int, dp: int, account
             return 4 * layout.largest_layer  # gathered 16-bit parameters and gradients of one layer
         return 0
     if (zs == 3 and dp > 1) or cfg.strategy == "fsdp":  # FSDP2 (alone, or under tensor parallelism)
-        unit = max(layout.blocks) if layout.blocks else local
+        unit = layout.unit
         if not cfg.reshard_after_forward:
             return int(local * compute)  # gathered parameters stay from forward to backward
         # current and prefetched unit in compute precision, plus one unit's unsharded fp32 gradient
