@@ -277,9 +277,10 @@ def test_measured_breakdown_matches_the_estimate(sess, strategy, stage):
     )
     sess.memory.set_estimate(None)
     sess.view().execute(code, block=True).get()
-    ended = time.time()
+    # the breakdown is re-read every DEFAULT_BREAKDOWN_INTERVAL: wait for one read after the cell
+    fresh = time.time() + monitor.DEFAULT_BREAKDOWN_INTERVAL + 0.1
     store = sess.memory
-    assert _wait_for(lambda: all(any(s["t"] > ended for s in store.samples(r)) for r in (0, 1)))
+    assert _wait_for(lambda: all(any(s["t"] > fresh for s in store.samples(r)) for r in (0, 1)))
     predicted = estimate(tiny_gpt(), cfg, 2)
     for rank in (0, 1):
         sample = store.samples(rank)[-1]

@@ -23,6 +23,7 @@ import json
 import threading
 import time
 import uuid
+import weakref
 from datetime import datetime, timezone
 from typing import Any
 
@@ -34,6 +35,8 @@ DEFAULT_BUSY_HZ = 10.0
 DEFAULT_IDLE_HZ = 1.0
 # Samples taken at 10 Hz travel in batches at most this often (the chart redraws ~4 times a second).
 DEFAULT_SEND_INTERVAL = 0.25
+# The Trainer's breakdown (a walk over every tensor) is read at most this often.
+DEFAULT_BREAKDOWN_INTERVAL = 0.5
 # Samples waiting in the socket when the kernel is gone; beyond this they are dropped, never block.
 _SEND_HWM = 1000
 
@@ -73,17 +76,23 @@ def _wake() -> None:
         sampler.wake.set()
 
 
-def build_sample(reader: MemoryReader, rank: int, busy: bool, trainer: Any | None) -> dict[str, Any]:
+PARTS = ("parameters", "gradients", "optimizer")
+
+
+def trainer_parts(trainer: Any | None) -> dict[str, int] | None:
+    """The Trainer's bytes by category, or None if it cannot say right now."""
+    if trainer is None:
+        return {key: 0 for key in PARTS}
+    try:
+        breakdown = trainer.memory_breakdown()
+        return {key: int(breakdown.get(key, 0) or 0) for key in PARTS}
+    except Exception:  # the training loop may be mutating its state right now
+        return None
+
+
+def build_sample(reader: MemoryReader, rank: int, busy: bool, parts: dict[str, int]) -> dict[str, Any]:
     """One sample in the format of docs/internals.md ("Memory samples")."""
     reading = reader.read()
-    parts = {"parameters": 0, "gradients": 0, "optimizer": 0}
-    if trainer is not None:
-        try:
-            breakdown = trainer.memory_breakdown()
-            for key in parts:
-                parts[key] = int(breakdown.get(key, 0) or 0)
-        except Exception:  # the training loop may be mutating state right now; skip this one
-            pass
     accounted = parts["parameters"] + parts["gradients"] + parts["optimizer"]
     return {
         "rank": rank,
@@ -96,9 +105,13 @@ def build_sample(reader: MemoryReader, rank: int, busy: bool, trainer: Any | Non
         "capacity": reading.capacity,
         "device_used": reading.device_used,
         "oom_count": reading.oom_count,
-        **parts,
+        **{key: parts.get(key, 0) for key in PARTS},
         "other": max(0, reading.used - accounted),
     }
+
+
+def _NO_REF() -> None:  # a dead weak reference: calling it gives None
+    return None
 
 
 _WRAPPERS = ("DistributedDataParallel", "DeepSpeedEngine", "FullyShardedDataParallel")
@@ -172,6 +185,7 @@ class Sampler(threading.Thread):
         idle_hz: float = DEFAULT_IDLE_HZ,
         reader: MemoryReader | None = None,
         send_interval: float = DEFAULT_SEND_INTERVAL,
+        breakdown_interval: float = DEFAULT_BREAKDOWN_INTERVAL,
     ) -> None:
         super().__init__(name="mpnb-memory-sampler", daemon=True)
         if busy_hz <= 0 or idle_hz <= 0:
@@ -180,6 +194,7 @@ class Sampler(threading.Thread):
         self.busy_hz = float(busy_hz)
         self.idle_hz = float(idle_hz)
         self.send_interval = float(send_interval)
+        self.breakdown_interval = float(breakdown_interval)
         self.sent = 0
         self.errors = 0
         self.cpu_seconds = 0.0  # CPU time this thread has used: the monitor's own cost
@@ -239,21 +254,31 @@ class Sampler(threading.Thread):
         pending: list[dict[str, Any]] = []
         last_send = 0.0
         last_busy: bool | None = None
-        estimated: Any = None  # the trainer whose estimate was sent last
+        # Weak references: the user may drop a Trainer to free its memory.
+        estimated = _NO_REF  # the trainer whose estimate was sent last
+        parts: dict[str, int] = {key: 0 for key in PARTS}
+        parts_of = _NO_REF  # the trainer `parts` was read from, and when
+        parts_at = 0.0
         try:
             while not self._stop_event.is_set():
                 busy = is_busy()
+                now = time.monotonic()
                 trainer = state.active_trainer()
-                if trainer is not None and trainer is not estimated:
-                    estimated = trainer
+                if trainer is not None and estimated() is not trainer:
+                    estimated = weakref.ref(trainer)
                     self._send_estimate(socket, signer, trainer)
+                # Walking every tensor costs ~0.4 ms on a small model: refresh the breakdown at
+                # most every `breakdown_interval` (it changes once per step at most) and reuse it.
+                if parts_of() is not trainer or now - parts_at >= self.breakdown_interval:
+                    fresh = trainer_parts(trainer)
+                    if fresh is not None:
+                        parts, parts_at = fresh, now
+                        parts_of = weakref.ref(trainer) if trainer is not None else _NO_REF
+                del trainer
                 try:
-                    pending.append(
-                        build_sample(self._current_reader(), state.rank, busy, state.active_trainer())
-                    )
+                    pending.append(build_sample(self._current_reader(), state.rank, busy, parts))
                 except Exception:
                     self.errors += 1
-                now = time.monotonic()
                 # Batch while busy: each send hands the GIL back and forth several times, which
                 # a training loop on a crowded CPU feels; a busy/idle change goes out at once.
                 if pending and (busy != last_busy or now - last_send >= self.send_interval):
