@@ -102,14 +102,16 @@ def estimate_html(est: Estimate, capacity: int) -> str:
     if capacity > 0 and not est.fits(capacity):
         worst = est.worst
         parts.append(
-            f'<div class="mpnb-panel-warning" style="color:#c44e52;font-weight:bold;margin-top:4px;font-size:12px">'
+            '<div class="mpnb-panel-warning" '
+            'style="color:#c44e52;font-weight:bold;margin-top:4px;font-size:12px">'
             f"Does not fit: rank {worst.rank} needs {format_bytes(worst.total)} but the device has "
             f"{format_bytes(capacity)}. Try a higher ZeRO stage or FSDP, activation checkpointing, "
             "a smaller micro batch, offload, or more ranks.</div>"
         )
     elif capacity > 0:
         parts.append(
-            f'<div class="mpnb-panel-fits" style="color:#55a868;margin-top:4px;font-size:12px">Fits: the most loaded rank '
+            '<div class="mpnb-panel-fits" style="color:#55a868;margin-top:4px;font-size:12px">'
+            "Fits: the most loaded rank "
             f"uses {100 * est.total / capacity:.0f}% of {format_bytes(capacity)}.</div>"
         )
     for note in est.notes:
