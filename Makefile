@@ -30,7 +30,8 @@ $(STAMP): pyproject.toml package.json package-lock.json Makefile
 	touch $(STAMP)
 
 # Rebuild the labextension when its sources change (the editable install links the output dir).
-mpnb/labextension/package.json: $(STAMP) $(shell find labextension -type f 2>/dev/null) tsconfig.json
+mpnb/labextension/package.json: $(STAMP) $(shell find labextension -type f 2>/dev/null) tsconfig.json package-lock.json
+	test -d node_modules/@jupyter/builder || npm ci --no-audit --no-fund
 	PATH="$(abspath $(BIN)):$$PATH" npm run build
 	touch $@
 
@@ -50,7 +51,9 @@ lint: install
 test-py: install mpnb/labextension/package.json
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# TypeScript unit tests (vitest), then the browser tests (galata, Debian Chromium, own JupyterLab server).
 test-e2e: install mpnb/labextension/package.json browser
+	npm test
 	PATH="$(abspath $(BIN)):$$PATH" npm run test:e2e
 
 test: lint test-py test-e2e

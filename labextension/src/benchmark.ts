@@ -63,6 +63,8 @@ export async function runChartBenchmark(
   const seconds = Number(args.seconds ?? 600);
   const liveSeconds = Number(args.liveSeconds ?? 5);
   const batchesPerSecond = 4;
+  // keep: leave the chart open afterwards (for a screenshot)
+  const keep = Boolean(args.keep);
 
   const history = new MemoryHistory(seconds);
   const chart = new MemoryChart(history, { plotHeight: 120, ranks: [...Array(ranks).keys()] });
@@ -161,7 +163,9 @@ export async function runChartBenchmark(
       frame_gap_ms_p95: round(quantile(frameGaps, 0.95))
     };
   } finally {
-    chart.dispose();
-    host.dispose();
+    if (!keep) {
+      chart.dispose();
+      host.dispose();
+    }
   }
 }

@@ -25,6 +25,12 @@ const CATEGORY_LABELS: Record<Category, string> = {
   optimizer: 'optim',
   other: 'other'
 };
+// Y tick steps: 1, 2, 5 x 10^k of KiB, MiB, GiB, TiB, so ticks read "200 MiB", not "954 MiB".
+const BYTE_STEPS = [2 ** 10, 2 ** 20, 2 ** 30, 2 ** 40].flatMap(unit =>
+  [1, 2, 5, 10, 20, 50, 100, 200, 500].map(m => m * unit)
+);
+// X tick steps in seconds: never below one second, so labels never repeat.
+const TIME_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400];
 const ESTIMATE_COLOR = '#7b3294';
 const CAPACITY_COLOR = '#d62728';
 const PEAK_COLOR = '#d62728';
@@ -61,6 +67,7 @@ export class MemoryChart {
   private _ranks: number[];
   private _unsubscribe: () => void;
   private _resize: ResizeObserver | null = null;
+  private _visibility: IntersectionObserver | null = null;
   private _disposed = false;
   private _plotHeight: number;
 
@@ -82,14 +89,32 @@ export class MemoryChart {
     this.node.appendChild(this._plotsNode);
     this._unsubscribe = history.subscribe(() => this.requestDraw());
     if (typeof ResizeObserver !== 'undefined') {
-      this._resize = new ResizeObserver(() => {
-        for (const plot of this._plots.values()) {
-          plot.resize();
+      // Widths come from here only: reading clientWidth while drawing would force a layout per rank.
+      this._resize = new ResizeObserver(entries => {
+        for (const entry of entries) {
+          const plot = this._plots.get(Number((entry.target as HTMLElement).dataset.rank));
+          plot?.setWidth(entry.contentRect.width);
         }
         this._drawnVersion = -1;
         this.requestDraw();
       });
-      this._resize.observe(this.node);
+    }
+    if (typeof IntersectionObserver !== 'undefined') {
+      // Ranks scrolled out of view are not drawn; they catch up when they come back.
+      this._visibility = new IntersectionObserver(entries => {
+        let stale = false;
+        for (const entry of entries) {
+          const plot = this._plots.get(Number((entry.target as HTMLElement).dataset.rank));
+          if (plot) {
+            plot.inView = entry.isIntersecting;
+            stale = stale || (plot.inView && plot.drawnKey !== this._keyOf(plot));
+          }
+        }
+        if (stale) {
+          this._drawnVersion = -1;
+          this.requestDraw();
+        }
+      });
     }
     this.requestDraw();
   }
@@ -114,7 +139,7 @@ export class MemoryChart {
 
   /** Draw now if the data changed since the last draw and the chart is visible. */
   drawNow(): boolean {
-    if (this._disposed || this.history.version === this._drawnVersion || !isVisible(this.node)) {
+    if (this._disposed || this.history.version === this._drawnVersion) {
       return false;
     }
     const start = performance.now();
@@ -133,9 +158,16 @@ export class MemoryChart {
         plot = new RankPlot(rank, this._plotHeight);
         this._insertPlot(rank, plot);
       }
-      const series = this.history.series(rank, Math.max(50, plot.width));
+      const key = this._keyOf(plot);
+      if (!plot.inView || plot.drawnKey === key) {
+        points += plot.points;
+        continue;
+      }
+      // One bucket per two pixels, at most two rows each: about one point per pixel.
+      const series = this.history.series(rank, Math.max(25, plot.width / 2));
       points += series.t.length;
       plot.update(series);
+      plot.drawnKey = plot.drawn ? key : '';
     }
     this._drawnVersion = this.history.version;
     const ms = performance.now() - start;
@@ -161,6 +193,7 @@ export class MemoryChart {
     }
     this._unsubscribe();
     this._resize?.disconnect();
+    this._visibility?.disconnect();
     for (const plot of this._plots.values()) {
       plot.dispose();
     }
@@ -168,8 +201,14 @@ export class MemoryChart {
     this.node.remove();
   }
 
+  private _keyOf(plot: RankPlot): string {
+    return `${this.history.drawKey(plot.rank)}:${plot.width}`;
+  }
+
   private _insertPlot(rank: number, plot: RankPlot): void {
     this._plots.set(rank, plot);
+    this._visibility?.observe(plot.node);
+    this._resize?.observe(plot.host);
     const after = [...this._plots.entries()]
       .filter(([r]) => r > rank)
       .sort((a, b) => a[0] - b[0])[0];
@@ -180,9 +219,14 @@ export class MemoryChart {
 /** One rank: a header line, a uPlot and a hover readout. */
 class RankPlot {
   readonly node: HTMLDivElement;
+  /** False while scrolled out of view (IntersectionObserver). */
+  inView = true;
+  /** What was drawn last (history key + width); '' = needs drawing. */
+  drawnKey = '';
   private _title: HTMLSpanElement;
   private _summary: HTMLSpanElement;
-  private _host: HTMLDivElement;
+  readonly host: HTMLDivElement;
+  private _width = 0;
   private _readout: HTMLDivElement;
   private _plot: uPlot | null = null;
   private _series: IRankSeries | null = null;
@@ -203,17 +247,23 @@ class RankPlot {
     this._summary = document.createElement('span');
     this._summary.className = 'mpnb-rank-chart-summary';
     header.append(this._title, this._summary);
-    this._host = document.createElement('div');
-    this._host.className = 'mpnb-rank-chart-plot';
+    this.host = document.createElement('div');
+    this.host.className = 'mpnb-rank-chart-plot';
+    this.host.dataset.rank = String(rank);
     this._readout = document.createElement('div');
     this._readout.className = 'mpnb-rank-chart-readout';
-    this.node.append(header, this._host, this._readout);
+    this.node.append(header, this.host, this._readout);
     this._title.textContent = `rank ${rank}`;
   }
 
-  /** Plot width in CSS pixels (0 while detached). */
+  /** Plot width in CSS pixels (0 until the ResizeObserver measured it). */
   get width(): number {
-    return Math.floor(this._host.clientWidth);
+    return this._width;
+  }
+
+  /** Whether the uPlot exists (it needs a width, i.e. the chart attached). */
+  get drawn(): boolean {
+    return this._plot !== null;
   }
 
   /** Number of points currently drawn (for tests: "the chart has points"). */
@@ -221,9 +271,13 @@ class RankPlot {
     return this._series?.t.length ?? 0;
   }
 
-  resize(): void {
-    if (this._plot && this.width > 0) {
-      this._plot.setSize({ width: this.width, height: this._height });
+  setWidth(width: number): void {
+    width = Math.floor(width);
+    if (width !== this._width) {
+      this._width = width;
+      if (this._plot && width > 0) {
+        this._plot.setSize({ width, height: this._height });
+      }
     }
   }
 
@@ -241,6 +295,7 @@ class RankPlot {
     }`;
     this.node.classList.toggle('mpnb-mod-busy', series.busy);
     this.node.dataset.points = String(n);
+    this.node.dataset.parameters = String(n > 0 ? series.values.parameters[n - 1] : 0);
     const summary = [`used ${formatBytes(series.used)}`, `peak ${formatBytes(series.peak)}`];
     if (estimate !== null) {
       summary.push(`est ${formatBytes(estimate)}`);
@@ -257,7 +312,9 @@ class RankPlot {
     }
     const fill = (value: number | null, show: boolean): (number | null)[] =>
       new Array(n).fill(show && value !== null ? value : null);
-    this._plot.setData([
+    const plot = this._plot;
+    // batch: draw now, not in a microtask, so the draw-time statistics are honest.
+    plot.batch(() => plot.setData([
       series.t,
       series.stacked[3],
       series.stacked[2],
@@ -265,7 +322,7 @@ class RankPlot {
       series.stacked[0],
       fill(estimate, estimate !== null),
       fill(series.capacity, this._capacityShown)
-    ] as uPlot.AlignedData);
+    ] as uPlot.AlignedData));
     this._showReadout(this._plot.cursor.idx ?? null);
   }
 
@@ -297,11 +354,22 @@ class RankPlot {
         y: { range: () => [0, this._yMax] }
       },
       axes: [
-        { stroke: fg, font, size: 24, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid, width: 1 } },
+        {
+          stroke: fg,
+          font,
+          size: 24,
+          space: 70,
+          incrs: TIME_STEPS,
+          grid: { stroke: grid, width: 1 },
+          ticks: { stroke: grid, width: 1 },
+          values: (_u, splits, _axis, _space, step) => splits.map(v => formatClock(v, step < 60))
+        },
         {
           stroke: fg,
           font,
           size: 58,
+          space: 24,
+          incrs: BYTE_STEPS,
           grid: { stroke: grid, width: 1 },
           ticks: { stroke: grid, width: 1 },
           values: (_u, splits) => splits.map(v => formatBytes(v))
@@ -322,7 +390,7 @@ class RankPlot {
         draw: [u => this._drawPeak(u)]
       }
     };
-    return new uPlot(opts, [[], [], [], [], [], [], []], this._host);
+    return new uPlot(opts, [[], [], [], [], [], [], []], this.host);
   }
 
   /** Exact numbers under the cursor, or the newest sample when not hovering. */
@@ -375,10 +443,6 @@ function maxOf(values: Float64Array): number {
     }
   }
   return max;
-}
-
-function isVisible(node: HTMLElement): boolean {
-  return node.isConnected && node.getClientRects().length > 0;
 }
 
 /** The colour key shared by all ranks of one chart. */

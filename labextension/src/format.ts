@@ -17,9 +17,10 @@ export function formatBytes(bytes: number | null | undefined): string {
   return `${bytes < 0 ? '-' : ''}${value.toFixed(digits)} ${UNITS[unit]}`;
 }
 
-/** Unix seconds -> "14:03:07" in local time. */
-export function formatClock(t: number): string {
+/** Unix seconds -> "14:03:07" (or "14:03" without seconds) in local time. */
+export function formatClock(t: number, seconds = true): string {
   const d = new Date(t * 1000);
   const pad = (n: number): string => String(n).padStart(2, '0');
-  return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+  const hm = `${pad(d.getHours())}:${pad(d.getMinutes())}`;
+  return seconds ? `${hm}:${pad(d.getSeconds())}` : hm;
 }

@@ -59,6 +59,7 @@ export interface IRankSeries {
 
 interface IRankData {
   buffer: RingBuffer;
+  version: number;
   capacity: number;
   deviceKind: string;
   oomCount: number;
@@ -74,6 +75,7 @@ export class MemoryHistory {
   private _historySeconds: number;
   private _listeners = new Set<() => void>();
   private _version = 0;
+  private _settingsVersion = 0;
 
   constructor(historySeconds = 600) {
     this._historySeconds = MemoryHistory._checkSeconds(historySeconds);
@@ -95,7 +97,16 @@ export class MemoryHistory {
       data.buffer = data.buffer.resized(capacity);
     }
     this._evict();
+    this._settingsVersion++;
     this._changed();
+  }
+
+  /**
+   * Changes when this rank's rows, or anything drawn for every rank (estimate,
+   * capacity, window), changed: a chart can skip redrawing a rank whose key is the same.
+   */
+  drawKey(rank: number): string {
+    return `${this._ranks.get(rank)?.version ?? -1}:${this._settingsVersion}`;
   }
 
   /** Device capacity override (bytes; 0 = use what the samples say). */
@@ -105,6 +116,7 @@ export class MemoryHistory {
 
   set capacity(bytes: number) {
     this._capacity = Number.isFinite(bytes) && bytes > 0 ? bytes : 0;
+    this._settingsVersion++;
     this._changed();
   }
 
@@ -116,6 +128,7 @@ export class MemoryHistory {
         this._estimate.set(Number(rank), bytes);
       }
     }
+    this._settingsVersion++;
     this._changed();
   }
 
@@ -175,6 +188,7 @@ export class MemoryHistory {
       row[PEAK] = Math.max(num(s.peak), used);
       row[BUSY] = s.busy ? 1 : 0;
       data.buffer.push(row);
+      data.version++;
       if (s.capacity) {
         data.capacity = s.capacity;
       }
@@ -194,6 +208,7 @@ export class MemoryHistory {
   /** Forget every sample (a `reset` message, or a new cluster). */
   reset(): void {
     this._ranks.clear();
+    this._settingsVersion++;
     this._changed();
   }
 
@@ -271,7 +286,13 @@ export class MemoryHistory {
   private _rank(rank: number): IRankData {
     let data = this._ranks.get(rank);
     if (!data) {
-      data = { buffer: new RingBuffer(this._bufferCapacity(), WIDTH), capacity: 0, deviceKind: '', oomCount: 0 };
+      data = {
+        buffer: new RingBuffer(this._bufferCapacity(), WIDTH),
+        version: 0,
+        capacity: 0,
+        deviceKind: '',
+        oomCount: 0
+      };
       this._ranks.set(rank, data);
     }
     return data;
@@ -286,7 +307,9 @@ export class MemoryHistory {
     const latest = this.latestTime();
     if (Number.isFinite(latest)) {
       for (const data of this._ranks.values()) {
-        data.buffer.dropBelow(T, latest - this._historySeconds);
+        if (data.buffer.dropBelow(T, latest - this._historySeconds) > 0) {
+          data.version++;
+        }
       }
     }
   }

@@ -60,9 +60,16 @@ export class RingBuffer {
     from = Math.max(0, from);
     to = Math.min(this._length, to);
     const out = new Float64Array(Math.max(0, to - from));
+    if (out.length === 0) {
+      return out;
+    }
+    // At most two contiguous runs (before and after the wrap point): block copies, no per-row modulo.
     const src = this._columns[col];
-    for (let i = from, j = 0; i < to; i++, j++) {
-      out[j] = src[(this._start + i) % this._capacity];
+    const first = (this._start + from) % this._capacity;
+    const run = Math.min(out.length, this._capacity - first);
+    out.set(src.subarray(first, first + run), 0);
+    if (run < out.length) {
+      out.set(src.subarray(0, out.length - run), run);
     }
     return out;
   }
