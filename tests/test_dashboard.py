@@ -37,7 +37,9 @@ class KernelProbe:
         self.iopub.append(msg)
         return True
 
-    def wait_for(self, pred: Callable[[dict[str, Any]], bool], timeout: float, start: int = 0) -> dict[str, Any]:
+    def wait_for(
+        self, pred: Callable[[dict[str, Any]], bool], timeout: float, start: int = 0
+    ) -> dict[str, Any]:
         """The first iopub message (from index `start`) that satisfies `pred`, reading more as needed."""
         deadline = time.monotonic() + timeout
         i = start
@@ -172,7 +174,8 @@ def test_cluster_start_cell_state_samples_and_stop(probe: KernelProbe) -> None:
 
     # A distributed cell: its state goes running -> done, per rank, tagged with the Jupyter cell id.
     mark = len(probe.iopub)
-    msg_id = probe.send_execute("%%distributed --no-monitor\nimport time\ntime.sleep(1.5)\nrank", cell_id="cell-abc")
+    cell = "%%distributed --no-monitor\nimport time\ntime.sleep(1.5)\nrank"
+    msg_id = probe.send_execute(cell, cell_id="cell-abc")
     running = probe.wait_comm(
         comm_id, lambda d: is_state(d) and (d["cell"] or {}).get("status") == "running", 60, mark
     )
