@@ -29,6 +29,7 @@ from mpnb.engine.strategies.common import (
     rebuild_optimizer,
 )
 from mpnb.engine.trainer import LossFn, Trainer
+from mpnb.errors import MpnbError
 
 
 class FSDPTrainer(Trainer):
@@ -67,6 +68,12 @@ def apply_fsdp(model: nn.Module, dp_mesh: Any, config: Any) -> nn.Module:
 def prepare(
     model: nn.Module, optimizer: Optimizer, config: Any, ctx: EngineContext, loss_fn: LossFn | None
 ) -> Trainer:
+    if config.offload == "parameters" and ctx.device.type == "cpu":
+        raise MpnbError(
+            "offload=parameters with strategy=fsdp moves FSDP2's shards from the GPU to host memory "
+            "(CPUOffloadPolicy), and these ranks already train on the CPU. Use offload=none, or "
+            "strategy=zero with offload=optimizer to see DeepSpeed's offload."
+        )
     names = parameter_names(model)
     if config.offload != "parameters":
         model.to(ctx.device)

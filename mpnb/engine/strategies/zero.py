@@ -107,7 +107,17 @@ class ZeroTrainer(Trainer):
     def _partition_grad_bytes(self) -> int:
         grads = getattr(self.optimizer, "averaged_gradients", None) or {}
         values = grads.values() if isinstance(grads, dict) else grads
-        return sum(tensor_bytes(g) for group in values if group is not None for g in _flat(group))
+        held = sum(tensor_bytes(g) for group in values if group is not None for g in _flat(group))
+        if held == 0:  # with offload the partition's gradients sit on the fp32 masters (host memory)
+            held = sum(tensor_bytes(m.grad) for m in self._master_partitions())
+        return held
+
+    def _master_partitions(self) -> list[torch.Tensor]:
+        for attr in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat"):
+            masters = getattr(self.optimizer, attr, None)
+            if masters:
+                return _flat(masters)
+        return []
 
     # ---- memory ----------------------------------------------------------------------------------
     def _parameter_bytes(self) -> int:
