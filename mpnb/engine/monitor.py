@@ -195,6 +195,7 @@ class Sampler(threading.Thread):
         self.idle_hz = float(idle_hz)
         self.send_interval = float(send_interval)
         self.breakdown_interval = float(breakdown_interval)
+        self.paused = False
         self.sent = 0
         self.errors = 0
         self.cpu_seconds = 0.0  # CPU time this thread has used: the monitor's own cost
@@ -261,6 +262,10 @@ class Sampler(threading.Thread):
         parts_at = 0.0
         try:
             while not self._stop_event.is_set():
+                if self.paused:
+                    if self.wake.wait(1.0):
+                        self.wake.clear()
+                    continue
                 busy = is_busy()
                 now = time.monotonic()
                 trainer = state.active_trainer()
@@ -371,6 +376,14 @@ def configure(busy_hz: float | None = None, idle_hz: float | None = None) -> Non
     sampler.wake.set()
 
 
+def pause(paused: bool = True) -> None:
+    """Stop sampling without stopping the thread (resume with `pause(False)`)."""
+    sampler = _sampler
+    if sampler is not None:
+        sampler.paused = bool(paused)
+        sampler.wake.set()
+
+
 def reset_peak() -> None:
     """Start a new peak window (the kernel calls this at the start of each cell)."""
     sampler = _sampler
@@ -391,4 +404,5 @@ def status() -> dict[str, Any]:
         "errors": sampler.errors,
         "cpu_seconds": sampler.cpu_seconds,
         "busy": is_busy(),
+        "paused": sampler.paused,
     }
