@@ -97,8 +97,11 @@ def _descendants(pid: int | None) -> set[int]:
         return set()
 
 
-def _kill_leftovers(pids: set[int], grace: float = 5.0) -> list[str]:
+def _kill_leftovers(pids: set[int], grace: float = 15.0) -> list[str]:
     """Processes in `pids` still running `grace` s after the kernel left: terminated, then killed.
+
+    The grace is generous because an engine's nanny lingers up to 3 s after its
+    engine exits (it tells the controller), longer on a busy machine.
 
     Returns "pid command" for each of them (empty when the notebook cleaned up after itself).
     """
@@ -114,7 +117,7 @@ def _kill_leftovers(pids: set[int], grace: float = 5.0) -> list[str]:
         with contextlib.suppress(psutil.Error):
             described.append(f"{proc.pid} {' '.join(proc.cmdline())[:120]}")
             proc.terminate()
-    _, still = psutil.wait_procs(alive, timeout=grace)
+    _, still = psutil.wait_procs(alive, timeout=5)
     for proc in still:
         with contextlib.suppress(psutil.Error):
             proc.kill()
