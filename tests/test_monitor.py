@@ -307,6 +307,34 @@ def test_measured_breakdown_matches_the_estimate(sess, strategy, stage):
             assert store.estimate[rank] >= predicted.ranks[rank].model_states
 
 
+def test_set_busy_switches_to_the_busy_rate_for_apply_work(sess):
+    store = sess.memory
+    sess.view().apply_sync(monitor.set_busy, True)
+    try:
+        time.sleep(0.5)
+        t0 = time.time()
+        time.sleep(1.5)
+        window = _window(store, 0, t0, time.time())
+        assert len(window) >= 9 and all(s["busy"] for s in window), len(window)
+    finally:
+        sess.view().apply_sync(monitor.set_busy, False)
+    t1 = time.time()
+    assert _wait_for(lambda: any(not s["busy"] and s["t"] > t1 for s in store.samples(0)), 3)
+
+
+def test_restarted_engines_sample_again(sess):
+    import mpnb
+
+    old_pids = {r.rank: r.pid for r in sess.ranks}
+    channel = sess.monitor_channel
+    mpnb.restart(verbose=False)
+    assert sess.monitor_channel is channel and channel.running  # the kernel end is kept
+    assert {r.rank: r.pid for r in sess.ranks} != old_pids
+    t0 = time.time()
+    assert _wait_for(lambda: all(_window(sess.memory, r, t0, time.time() + 1) for r in (0, 1)), 10)
+    assert all(s["running"] for s in sess.view().apply_sync(monitor.status))
+
+
 # -- last: stopping the cluster stops the samples
 
 
