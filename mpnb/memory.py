@@ -360,8 +360,11 @@ class CellChart:
         summary = _text_summary(self.store.peaks(since=self.started))
         bundle: dict[str, Any] = {"text/plain": summary}
         if samples:
-            self.png = render_png(samples, self.store.estimate, title="memory per rank during this cell")
-            bundle["image/png"] = base64.b64encode(self.png).decode("ascii")
+            try:
+                self.png = render_png(samples, self.store.estimate, title="memory per rank during this cell")
+                bundle["image/png"] = base64.b64encode(self.png).decode("ascii")
+            except ImportError:  # matplotlib missing: the text summary still replaces the live chart
+                log.warning("mpnb: matplotlib is not installed, so no static memory chart is kept")
         if self._handle is not None:
             self._handle.update(bundle, raw=True)
         self.widget.close()
