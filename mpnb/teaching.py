@@ -3,7 +3,7 @@
 Engine side (inside `%%distributed` cells; torch is imported when called):
 `SavedTensorMeter` (bytes autograd keeps for backward), `gathered_parameter_bytes`
 (FSDP parameters currently unsharded), `StageTimer` (busy intervals of one
-pipeline stage, from forward/backward hooks), `time_collectives` (count and
+pipeline stage, per microbatch), `time_collectives` (count and
 time every torch.distributed collective a function issues).
 
 Kernel side (plain data in, matplotlib out): `draw_timeline` and
@@ -80,42 +80,41 @@ def gathered_parameter_bytes(model: Any) -> int:
 
 
 class StageTimer:
-    """Busy intervals of this pipeline stage: (kind, microbatch, start, end), kind "F" or "B".
+    """Busy intervals of one pipeline stage: (kind, microbatch, start, end), kind "F" or "B".
 
-    Forward is timed with a pre-hook and a hook on the stage's module, backward
-    with full backward hooks on the same module, so no schedule code changes.
-    Microbatches are numbered in the order each kind starts (schedules run them
-    in order per kind). Times are `time.perf_counter()` seconds; compare ranks
-    with `offset` from `sync_clock`.
+    Wraps the stage's `forward_one_chunk` and `backward_one_chunk` (what every
+    `torch.distributed.pipelining` schedule calls per microbatch), so the
+    intervals are compute only: waiting for activations or gradients from the
+    neighbouring stage falls between them and shows as idle time. Times are
+    `time.perf_counter()` seconds; subtract `sync_clock()` to compare ranks.
+    `stage` is a `PipelineStage` (mpnb's pipeline trainer: `trainer.schedule._stage`).
     """
 
-    def __init__(self, module: Any) -> None:
+    _METHODS = (("F", "forward_one_chunk"), ("B", "backward_one_chunk"))
+
+    def __init__(self, stage: Any) -> None:
         self.events: list[tuple[str, int, float, float]] = []
-        self._open: dict[str, float] = {}
-        self._count = {"F": 0, "B": 0}
-        self._handles = [
-            module.register_forward_pre_hook(lambda *_: self._start("F")),
-            module.register_forward_hook(lambda *_: self._end("F")),
-            module.register_full_backward_pre_hook(lambda *_: self._start("B")),
-            module.register_full_backward_hook(lambda *_: self._end("B")),
-        ]
+        self._stage = stage
+        for kind, name in self._METHODS:
+            setattr(stage, name, self._timed(kind, getattr(stage, name)))
 
-    def _start(self, kind: str) -> None:
-        self._open[kind] = time.perf_counter()
+    def _timed(self, kind: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def timed(chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(chunk_id, *args, **kwargs)
+            finally:
+                self.events.append((kind, int(chunk_id), start, time.perf_counter()))
 
-    def _end(self, kind: str) -> None:
-        start = self._open.pop(kind, None)
-        if start is not None:
-            self.events.append((kind, self._count[kind], start, time.perf_counter()))
-            self._count[kind] += 1
+        return timed
 
     def reset(self) -> None:
         self.events.clear()
-        self._count = {"F": 0, "B": 0}
 
     def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
+        for _, name in self._METHODS:
+            self._stage.__dict__.pop(name, None)  # back to the class's method
 
 
 def sync_clock() -> float:
