@@ -272,7 +272,7 @@ class CellRun:
     def submit(self) -> None:
         client = self.session.client
         code = self._engine_code()
-        socket = client._mux_socket
+        socket = client._mux_stream  # the stream, as DirectView uses: a raw-socket send can starve its reads
         for rank in self.ranks:
             idents, _ = client._build_targets(self.session.engine_id(rank))
 
