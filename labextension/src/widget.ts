@@ -13,6 +13,8 @@ import { IMemorySample, MemoryHistory } from './history';
 
 export const MODULE_NAME = 'mpnb';
 export const MODULE_VERSION = '0.1.0';
+// Samples normally follow a new widget within a few hundred ms; only ask for history if none came.
+const HISTORY_REQUEST_DELAY_MS = 1000;
 
 export class MemoryChartModel extends DOMWidgetModel {
   // `declare`: Backbone calls initialize() from its constructor, before field initialisers would run.
@@ -51,6 +53,13 @@ export class MemoryChartModel extends DOMWidgetModel {
         this.history.reset();
       }
     });
+    // A model re-created after a page reload starts empty: ask the kernel for the history
+    // (mpnb.memory.MemoryChart answers {type: "history"} with a reset and the samples).
+    setTimeout(() => {
+      if (this.history.ranks().length === 0 && this.comm_live) {
+        this.send({ type: 'history' }, {});
+      }
+    }, HISTORY_REQUEST_DELAY_MS);
   }
 }
 
