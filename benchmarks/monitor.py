@@ -39,18 +39,19 @@ for b in batches[:3]:
 def bench(endpoint, blocks, steps):
     # One sampler for the whole run, paused and resumed in short alternating blocks (ABBA), so
     # that the load of a shared machine falls on both sides alike and start-up is not counted.
-    times = {{"on": [], "off": [], "sampler_cpu": 0.0, "on_wall": 0.0}}
+    times = {{"on": [], "off": [], "sampler_cpu": 0.0, "on_wall": 0.0, "cpu_on": 0.0, "cpu_off": 0.0}}
     monitor.start(endpoint, busy_hz=10.0, idle_hz=10.0)
     time.sleep(0.5)  # first samples, the estimate for the trainer, reader set-up
     for block in range(blocks):
         for side in (("on", "off") if block % 2 == 0 else ("off", "on")):
             monitor.pause(side == "off")
             dist.barrier()
-            cpu0, w0 = monitor.status()["cpu_seconds"], time.perf_counter()
+            cpu0, w0, p0 = monitor.status()["cpu_seconds"], time.perf_counter(), time.process_time()
             for i in range(steps):
                 t0 = time.perf_counter()
                 trainer.step(batches[i % len(batches)])
                 times[side].append(time.perf_counter() - t0)
+            times["cpu_" + side] += time.process_time() - p0  # all threads of this engine
             if side == "on":
                 times["on_wall"] += time.perf_counter() - w0
                 times["sampler_cpu"] += monitor.status()["cpu_seconds"] - cpu0
@@ -99,6 +100,8 @@ def main() -> None:
         f"{statistics.median(on) / statistics.median(off):.4f}, "
         f"median of block pairs {statistics.median(block_ratios):.4f}"
     )
+    cpu_ratio = times["cpu_on"] / times["cpu_off"]
+    print(f"engine CPU time per step (all threads) on/off: {cpu_ratio:.4f}")
     share = times["sampler_cpu"] / times["on_wall"]
     print(
         f"sampler thread CPU time: {share * 100:.3f}% of the wall time while on (its own cost, free of noise)"

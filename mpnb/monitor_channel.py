@@ -21,7 +21,9 @@ from mpnb.errors import ClusterError
 if TYPE_CHECKING:
     from mpnb.memory import MemoryStore
 
-MSG_TYPE = "mpnb_memory"  # = mpnb.engine.monitor.MSG_TYPE (not imported: that package imports torch)
+# = mpnb.engine.monitor.MSG_TYPE and FRAME_SEPARATOR (kept apart: kernel code must not need the engine's)
+MSG_TYPE = "mpnb_memory"
+FRAME_SEPARATOR = b"\x00"
 _SAMPLE_KEYS = ("rank", "t", "used")
 _MAX_BATCH = 500
 INTERFACE_ENV = "MPNB_MONITOR_INTERFACE"
@@ -135,6 +137,8 @@ class MonitorChannel:
         to `store.set_estimate`.
         """
         try:
+            if len(frames) == 1:  # the engines pack the message's frames into one (see monitor.Signer)
+                frames = frames[0].split(FRAME_SEPARATOR)
             _, msg_frames = session.feed_identities(frames, copy=True)
             msg = session.deserialize(msg_frames, content=True)
             if msg["header"].get("msg_type") != MSG_TYPE:
