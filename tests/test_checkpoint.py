@@ -43,7 +43,8 @@ def reference():
 def test_state_dict_moves_between_strategies(view, reference, saved, loaded):
     first = cluster_run(view, CONFIGS[saved], steps=4, keep_state=True, **ADAMW)
     assert_close(first[0]["losses"], reference[:4], rel=1e-4)
-    keys = view.apply_sync(lambda: sorted(globals()["mpnb_state"]["model"]))
+    view.execute("mpnb_keys = sorted(mpnb_state['model'])", block=True)
+    keys = view.pull("mpnb_keys", block=True)
     assert keys[0] == keys[1] == sorted(n for n, _ in _fresh_model().named_parameters())
     resumed = cluster_run(view, CONFIGS[loaded], steps=4, start=4, code={"load": "mpnb_state"}, **ADAMW)
     assert_close(resumed[0]["losses"], reference[4:], rel=1e-4)

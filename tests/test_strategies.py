@@ -171,3 +171,10 @@ def test_prepare_rejects_bad_config_before_engine_work():
 
         prepare(tiny_gpt(0), config={"zero_stag": 2})
     assert torch.distributed.is_initialized() is False
+
+
+def test_sharding_strategies_need_a_process_group():
+    from mpnb.engine.prepare import prepare
+
+    with pytest.raises(MpnbError, match="strategy=fsdp needs a process group"):
+        prepare(tiny_gpt(0), config={"strategy": "fsdp"})

@@ -45,6 +45,11 @@ def prepare(
     if not isinstance(model, nn.Module):
         raise MpnbError(f"mpnb.prepare needs a torch.nn.Module, got {type(model).__name__}.")
     cfg.validate(ctx.world_size, ctx.device.type)
+    if not ctx.distributed and cfg.strategy != "ddp":
+        raise MpnbError(
+            f"strategy={cfg.strategy} needs a process group, and this process has none. Run the cell on "
+            "the cluster (`%mpnb start`, then `%%distributed`), or use strategy=ddp to train in one process."
+        )
     if optimizer is None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     module = importlib.import_module(STRATEGY_MODULES[cfg.strategy])

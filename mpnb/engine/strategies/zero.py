@@ -141,6 +141,45 @@ class ZeroTrainer(Trainer):
         return self._unreduced_grad_bytes + sum(tensor_bytes(b) for b in self.module.buffers())
 
     # ---- checkpoints -----------------------------------------------------------------------------
+    def _link_optimizer_state(self) -> None:
+        """Make sure the optimizer state exists and DeepSpeed knows each param's slice of it.
+
+        Before the first step the torch optimizer has no state (AdamW creates its
+        moments lazily) and DeepSpeed has not linked params to state fragments,
+        so the safe_get/set_full_optimizer_state calls would fail. A step on zero
+        gradients creates the state, as torch.distributed.checkpoint does for its
+        own loads; the caller overwrites weights and state afterwards.
+        """
+        inner = getattr(self.optimizer, "optimizer", self.optimizer)
+        opt = self.optimizer
+        has_state = any(torch.is_tensor(v) and v.numel() > 1
+                        for st in inner.state.values() for v in st.values())
+        if not has_state and inner is not opt:
+            # stage 3 hands its fp32 partitions to the torch optimizer only for the duration of a step
+            fill = getattr(opt, "_set_fp32_optimizer_param_groups", None)
+            if fill is not None:
+                fill()
+            masters = [p for group in inner.param_groups for p in group["params"]]
+            before = [m.detach().clone() for m in masters]
+            for m in masters:
+                m.grad = torch.zeros_like(m)
+            inner.step()
+            with torch.no_grad():  # undo what the step did (weight decay, the step count)
+                for m, value in zip(masters, before, strict=True):
+                    m.grad = None
+                    m.copy_(value)
+                for st in inner.state.values():
+                    if torch.is_tensor(st.get("step")):
+                        st["step"].zero_()
+            clear = getattr(opt, "_clear_fp32_optimizer_param_groups", None)
+            if clear is not None:
+                clear()
+            if hasattr(opt, "_hp_optimizer_states_linked"):
+                opt._hp_optimizer_states_linked = False
+        link = getattr(opt, "_lazy_init_hp_params_optimizer_state", None)
+        if link is not None:
+            link()
+
     def _masters(self) -> dict[int, torch.Tensor]:
         """Module param id -> the fp32 tensor the optimizer steps, where DeepSpeed keeps one per param."""
         opt = self.optimizer
@@ -160,6 +199,7 @@ class ZeroTrainer(Trainer):
         """
         from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
+        self._link_optimizer_state()
         masters = self._masters()
         inner = getattr(self.optimizer, "optimizer", self.optimizer)
         keys, step = self._state_keys(inner)
@@ -201,6 +241,7 @@ class ZeroTrainer(Trainer):
         if missing:
             raise MpnbError(f"The state dict lacks parameters {missing[:5]}; was it saved from another "
                             "model? Load a dict from trainer.state_dict() of the same model.")
+        self._link_optimizer_state()
         masters = self._masters()
         inner = getattr(self.optimizer, "optimizer", self.optimizer)
         params = dict(self.module.named_parameters())
