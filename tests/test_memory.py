@@ -129,6 +129,7 @@ def test_cell_chart_streams_live_then_leaves_a_png(kernel):
     assert image.format == "PNG" and image.width >= 300 and image.height >= 150
     assert len(image.convert("RGB").getcolors(maxcolors=1 << 16) or range(1 << 16)) > 10  # not blank
     assert any(m["msg_type"] == "comm_close" and m["content"]["comm_id"] == model_id for m in out)
+    assert kernel.value("'torch' in __import__('sys').modules") is False  # kernel side stays torch-free
 
 
 def test_memory_report_has_peaks_by_category(kernel):
