@@ -34,6 +34,7 @@ log = logging.getLogger("mpnb")
 DEFAULT_CPU_ENGINES = 2
 DEFAULT_PG_TIMEOUT_S = 60.0
 BACKENDS = ("gloo", "nccl")
+QUEUE_TTL_S = 1.0  # how long rank_status() reuses the controller's queue counts
 
 Listener = Callable[["Session"], Any]
 
@@ -93,6 +94,8 @@ class Session:
         self._plan = plan
         self._listeners: list[Listener] = []
         self._memory: Any = None
+        self._queues: dict[int, Any] = {}
+        self._queues_at = float("-inf")
 
     # -- ranks and views
     @property
@@ -125,16 +128,20 @@ class Session:
         view.block = False
         return view
 
-    def rank_status(self) -> list[dict[str, Any]]:
-        """One row per rank: rank, host, pid, device, alive, busy (asks the controller, not the engines)."""
+    def rank_status(self, fresh: bool = False) -> list[dict[str, Any]]:
+        """One row per rank: rank, host, pid, device, alive, busy. Never asks a (possibly busy) engine.
+
+        busy: running the current `%%distributed` cell, or with work queued at the controller. The
+        controller's queue counts are a round trip, so they are cached for QUEUE_TTL_S unless `fresh`:
+        listeners call this on every cell state change and must not slow a cell down.
+        """
         alive_ids = set(self.client.ids)
-        try:
-            queues = self.client.queue_status()
-        except Exception:  # controller gone: every rank is dead
-            queues = {}
+        queues = self._queue_status(fresh)
+        running = {int(r) for r, s in (self.cell or {}).get("ranks", {}).items() if s == "running"}
         rows = []
         for info in self.ranks:
-            q = queues.get(info.engine_id, {}) if isinstance(queues, dict) else {}
+            q = queues.get(info.engine_id, {})
+            queued = bool(q.get("queue", 0) or q.get("tasks", 0)) if isinstance(q, dict) else False
             rows.append(
                 {
                     "rank": info.rank,
@@ -142,10 +149,21 @@ class Session:
                     "pid": info.pid,
                     "device": info.device_label,
                     "alive": info.engine_id in alive_ids,
-                    "busy": bool(q.get("queue", 0)) if isinstance(q, dict) else False,
+                    "busy": info.rank in running or queued,
                 }
             )
         return rows
+
+    def _queue_status(self, fresh: bool) -> dict[int, Any]:
+        now = time.monotonic()
+        if fresh or now - self._queues_at > QUEUE_TTL_S:
+            try:
+                queues = self.client.queue_status()
+            except Exception:  # controller gone: no queue information
+                queues = {}
+            self._queues = queues if isinstance(queues, dict) else {}
+            self._queues_at = now
+        return self._queues
 
     # -- config
     def set_config(self, cfg: Config) -> None:

@@ -130,7 +130,7 @@ class MpnbMagics(Magics):
         if sess is None:
             print(NoClusterError().args[0])
             return
-        rows = sess.rank_status()
+        rows = sess.rank_status(fresh=True)
         header = ("rank", "host", "pid", "device", "alive", "busy")
         table = [header] + [tuple(str(row[k]) for k in header) for row in rows]
         widths = [max(len(r[i]) for r in table) for i in range(len(header))]

@@ -151,6 +151,12 @@ def test_lifecycle_start_status_config_push_pull_restart_stop(ipython):
             cells = row.split()
             assert cells[0] == str(rank) and int(cells[2]) in pids and cells[3:] == ["cpu", "True", "False"]
 
+        # a rank running something shows as busy (the controller answers; the engines are not asked)
+        sleeping = sess.view().execute("import time; time.sleep(3)")
+        _, out = run(ip, "%mpnb status")
+        assert [row.split()[-1] for row in out.strip().splitlines()[2:]] == ["True", "True"]
+        sleeping.get()
+
         # config: set, shown, pushed to every rank; impossible values refused
         res, out = run(ip, "%mpnb config micro_batch_size=4 strategy=zero zero_stage=2")
         assert res.success, out
