@@ -161,7 +161,13 @@ export class DashboardConnection implements IDisposable {
       return;
     }
     if (this._comm && !this._comm.isDisposed && this._state.connection === 'connected') {
-      // We already have a live comm; leave this one idle (another frontend may use it).
+      // We already have a live comm: close this one so the kernel does not send everything twice.
+      // Another page that adopted it sees the close and opens a comm of its own.
+      try {
+        comm.close();
+      } catch {
+        // already gone
+      }
       return;
     }
     this._adopt(comm);
