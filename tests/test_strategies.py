@@ -41,6 +41,12 @@ SGD_CASES = {
     "ddp-accumulate": {"strategy": "ddp", "micro_batch_size": 2, "grad_accum_steps": 2},
     "zero2-accumulate": {"strategy": "zero", "zero_stage": 2, "micro_batch_size": 2, "grad_accum_steps": 2},
     "fsdp-checkpointing": {"strategy": "fsdp", "micro_batch_size": 4, "activation_checkpointing": True},
+    "pipeline-checkpointing": {"strategy": "pipeline", "pipeline_stages": 2, "microbatches": 2,
+                               "micro_batch_size": 8, "activation_checkpointing": True},
+    "zero2-offload-optimizer": {"strategy": "zero", "zero_stage": 2, "micro_batch_size": 4,
+                                "offload": "optimizer"},
+    "zero3-offload-parameters": {"strategy": "zero", "zero_stage": 3, "micro_batch_size": 4,
+                                 "offload": "parameters"},
 }
 ADAMW_CASES = ["ddp", "fsdp", "zero1", "zero3", "pipeline-1f1b", "tensor"]
 BF16_CASES = ["ddp", "fsdp", "zero2", "tensor"]

@@ -48,8 +48,9 @@ def find_blocks(model: nn.Module) -> tuple[str, nn.Module] | None:
     """
     best: tuple[str, nn.Module] | None = None
     for name, module in model.named_modules():
-        if isinstance(module, (nn.ModuleList, nn.Sequential)) and len(module) >= 2:
-            classes = {type(m) for m in module}
+        # ModuleDict too: a pipeline stage keeps its blocks in one, keyed by their original index
+        if isinstance(module, (nn.ModuleList, nn.Sequential, nn.ModuleDict)) and len(module) >= 2:
+            classes = {type(m) for m in module.children()}
             if len(classes) == 1 and (best is None or len(module) > len(best[1])):
                 best = (name, module)
     return best
@@ -115,6 +116,6 @@ def apply_activation_checkpointing(model: nn.Module) -> None:
     from torch.distributed._composable import checkpoint
 
     found = find_blocks(model)
-    targets = list(found[1]) if found else [model]
+    targets = list(found[1].children()) if found else [model]
     for block in targets:
         checkpoint(block)

@@ -46,7 +46,7 @@ def shard_units(model: nn.Module, config: Any) -> list[nn.Module]:
     if config.fsdp_wrap:
         return modules_by_class(model, list(config.fsdp_wrap))
     found = find_blocks(model)
-    return list(found[1]) if found else []
+    return list(found[1].children()) if found else []
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: Any, config: Any) -> nn.Module:
