@@ -105,9 +105,9 @@ def test_demo_writes_executed_quickstart_and_memory_png(demo: tuple[Path, dict |
 
 
 @pytest.mark.parametrize("path", NOTEBOOK_PATHS, ids=[p.stem for p in NOTEBOOK_PATHS])
-def test_notebook_runs_and_ends_with_a_measurement(path: Path, demo: tuple[Path, dict | Exception]) -> None:
-    if path == QUICKSTART:  # already executed by the demo fixture; check that run instead of repeating it
-        _out, result = demo
+def test_notebook_runs_and_ends_with_a_measurement(path: Path, request: pytest.FixtureRequest) -> None:
+    if path == QUICKSTART:  # executed once by the demo fixture; check that run instead of repeating it
+        _out, result = request.getfixturevalue("demo")
         assert not isinstance(result, Exception), str(result)
         run = result["run"]
     else:
