@@ -91,6 +91,9 @@ class Session:
         self.cell: dict[str, Any] | None = None
         # What changed last: start|stop|restart|config|cell (listeners read it; they get only the session).
         self.last_event = "start"
+        # After a crash or a release: {"need": "heal"|"restart", "reason", ...} (mpnb.recovery), else None.
+        self.health: dict[str, Any] | None = None
+        self.full_world_size = 0  # the size before `%mpnb heal` shrank the world; restart brings it back
         self._plan = plan
         self._listeners: list[Listener] = []
         self._memory: Any = None
@@ -703,9 +706,10 @@ def restart(verbose: bool = True) -> Session:
         )
     with _lock:
         t0 = time.perf_counter()
-        n = sess.world_size
+        n = max(sess.world_size, sess.full_world_size)
         old_ids = set(sess.client.ids)
         sess.cell = None
+        sess.health = None
         try:
             sess.cluster.restart_engines_sync()
             _wait_new_engines(sess.client, old_ids, n, timeout=120.0)

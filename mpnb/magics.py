@@ -24,7 +24,7 @@ from mpnb.execution import CellFailedError, CellOptions, ranks_from_args, run_ce
 MPNB_USAGE = """\
 %mpnb start [-n N] [--devices 0,1,...] [--backend nccl|gloo] [--timeout SECONDS] [--port PORT]
 %mpnb connect --profile NAME_OR_DIR [--cluster-id ID] [--backend nccl|gloo] [--timeout SECONDS]
-%mpnb status | restart | stop
+%mpnb status | restart | heal | stop
 %mpnb config [key=value ...]
 %mpnb pull NAME [--rank R]
 %mpnb push NAME"""
@@ -66,7 +66,7 @@ def _build_parsers() -> dict[str, _Parser]:
     connect.add_argument("--cluster-id", default=None)
     connect.add_argument("--backend", choices=cluster.BACKENDS, default=None)
     connect.add_argument("--timeout", type=_positive_float, default=cluster.DEFAULT_PG_TIMEOUT_S)
-    for name in ("status", "restart", "stop"):
+    for name in ("status", "restart", "heal", "stop"):
         p[name] = _parser(name)
     p["config"] = _parser("config")
     p["config"].add_argument("assignments", nargs="*", metavar="key=value")
@@ -92,7 +92,7 @@ class MpnbMagics(Magics):
 
         %mpnb start [-n N] [--devices 0,1,...] [--backend nccl|gloo] [--timeout SECONDS] [--port PORT]
         %mpnb connect --profile NAME_OR_DIR [--cluster-id ID] [--backend nccl|gloo] [--timeout SECONDS]
-        %mpnb status | restart | stop
+        %mpnb status | restart | heal | stop
         %mpnb config [key=value ...]
         %mpnb pull NAME [--rank R]
         %mpnb push NAME
@@ -140,6 +140,16 @@ class MpnbMagics(Magics):
 
     def _cmd_restart(self, args: argparse.Namespace) -> None:
         cluster.restart()
+
+    def _cmd_heal(self, args: argparse.Namespace) -> None:
+        from mpnb import recovery
+
+        if cluster.current() is None:
+            raise NoClusterError(
+                "No mpnb cluster is running, so there is no process group to heal. "
+                "Start one with `%mpnb start`."
+            )
+        recovery.heal(cluster.session())
 
     def _cmd_stop(self, args: argparse.Namespace) -> None:
         sess = cluster.current()

@@ -93,6 +93,8 @@ class RankMerger:
         if len(rest) > MAX_LINE_CHARS and "\r" not in rest:
             self._add(rank, Item(stream, rest), now)
             rest = ""
+        if "\r" in rest:  # a progress line redrawn in place: only its latest state matters (bounded)
+            rest = "\r" + _final_state(rest) + ("\r" if rest.endswith("\r") else "")
         s.partial[stream] = rest
         live = _final_state(rest) if "\r" in rest else ""
         if live:

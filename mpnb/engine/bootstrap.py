@@ -118,7 +118,9 @@ def setup(
     )
 
     import mpnb
-    from mpnb.engine import state
+    from mpnb.engine import control, state
+
+    control.install()  # cooperative stop and stack dumps in %%distributed cells
 
     state.rank, state.world_size = rank, world_size
     state.local_rank, state.local_world_size = local_rank, local_world_size

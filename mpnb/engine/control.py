@@ -1,0 +1,163 @@
+"""Engine side of stopping and diagnosing a cell: cooperative stop, stack dumps, releasing peers.
+
+The notebook's stop button reaches every rank as a SIGINT, but not at the same
+moment: a plain KeyboardInterrupt can leave one rank a step ahead, waiting in a
+collective the others will never enter. So during a `%%distributed` cell whose
+code calls `mpnb.should_stop()`, the first SIGINT only sets a flag, and
+`should_stop()` all-reduces that flag so every rank sees the same answer at the
+same step. A second SIGINT (or one that arrives before the loop first asked)
+raises KeyboardInterrupt as usual. ipykernel puts its own SIGINT handler back
+after each execute, so nothing here outlives the cell.
+
+`faulthandler` writes this rank's Python stacks to a file on SIGUSR1 from C,
+so the kernel can see where a rank is stuck even inside a gloo collective.
+`release_peers()` destroys this rank's process group, which closes its gloo
+connections: a peer blocked waiting for this rank gets an error at once
+instead of at the process-group timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import signal
+import sys
+import tempfile
+import threading
+from typing import IO, Any
+
+STACK_SIGNAL = signal.SIGUSR1
+CELL_MARK = "# %%distributed"  # line 1 of what mpnb.execution sends (a comment, so line numbers match)
+COLLECTIVE_MARK = "  # all ranks"  # appended when the cell runs on every rank (should_stop all-reduces)
+
+_in_cell = False
+_collective = True  # the cell runs on every rank, so the flag can be all-reduced
+_armed = False  # should_stop() has been called in this cell: SIGINT only sets the flag
+_requested = False  # a stop was asked for on this rank
+_agreed = False  # every rank agreed to stop (sticky for the rest of the cell)
+_calls = 0
+_stop_call: int | None = None  # the should_stop() call at which the ranks agreed
+_stack_file: IO[str] | None = None
+
+
+def stack_path(pid: int | None = None) -> str:
+    """Where this engine's faulthandler writes its stacks (the kernel reads it for local ranks)."""
+    return os.path.join(tempfile.gettempdir(), f"mpnb-stacks-{pid or os.getpid()}.txt")
+
+
+def _register_stack_dump() -> None:
+    global _stack_file
+    if _stack_file is None:
+        _stack_file = open(stack_path(), "w+")  # noqa: SIM115 - faulthandler needs it open for good
+    faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
+
+
+def install() -> None:
+    """Watch this engine's cells (bootstrap.setup calls it): `%%distributed` cells get `begin_cell`."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None and _pre_run_cell not in shell.events.callbacks["pre_run_cell"]:
+        shell.events.register("pre_run_cell", _pre_run_cell)
+        # The first traceback an engine formats imports stack_data and pygments (1-2 s on a busy
+        # machine), which would delay the first stop or error; import them now, off the main thread.
+        threading.Thread(target=_warm_tracebacks, daemon=True, name="mpnb-warm-tb").start()
+
+
+def _warm_tracebacks() -> None:
+    """Also parse torch.distributed's biggest files once: IPython's tracebacks read every frame's source."""
+    with contextlib.suppress(Exception):
+        import pygments.formatters.terminal256
+        import pygments.lexers.python  # noqa: F401
+        from stack_data.core import Source
+
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None:
+            from torch.distributed import c10d_logger, distributed_c10d
+
+            for module in (distributed_c10d, c10d_logger):
+                Source.for_filename(module.__file__)
+
+
+def _pre_run_cell(info: Any) -> None:
+    global _in_cell
+    first = (getattr(info, "raw_cell", "") or "").split("\n", 1)[0]
+    if first.startswith(CELL_MARK):
+        begin_cell(collective=COLLECTIVE_MARK in first)
+    else:
+        _in_cell = False
+
+
+def begin_cell(collective: bool = True) -> None:
+    """Before every `%%distributed` cell: fresh stop state, cooperative SIGINT, stack dumps."""
+    global _in_cell, _collective, _armed, _requested, _agreed, _calls, _stop_call
+    _in_cell, _collective = True, collective
+    _armed = _requested = _agreed = False
+    _calls, _stop_call = 0, None
+    with contextlib.suppress(ValueError, OSError):  # not the main thread, or no file system
+        _register_stack_dump()
+        if _stack_file is not None:
+            _stack_file.seek(0)
+            _stack_file.truncate()
+    with contextlib.suppress(ValueError):
+        signal.signal(signal.SIGINT, _on_sigint)
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    global _requested
+    if _in_cell and _armed and not _requested:
+        _requested = True  # should_stop() will tell every rank at the same step
+        return
+    raise KeyboardInterrupt
+
+
+def should_stop(every: int = 1) -> bool:
+    """True on every rank at the same call once the notebook's stop button was pressed.
+
+    Call it once per step on every rank (it is a collective when the cell runs
+    on all ranks). `every=N` checks only every N-th call, for very short steps.
+    """
+    global _armed, _agreed, _calls, _stop_call
+    _armed = True
+    _calls += 1
+    if _agreed:
+        return True
+    if every > 1 and _calls % every:
+        return False
+    flag = _requested
+    dist = sys.modules.get("torch.distributed")
+    if _collective and dist is not None and dist.is_available() and dist.is_initialized():
+        import torch
+
+        from mpnb.engine import state
+
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=state.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        flag = bool(t.item())
+    if flag:
+        _agreed, _stop_call = True, _calls
+        print(f"mpnb: stopped at should_stop() call {_calls}", file=sys.stderr, flush=True)
+    return flag
+
+
+def stop_requested() -> bool:
+    """This rank was asked to stop (no collective): for code that cannot call should_stop on every rank."""
+    return _requested
+
+
+def release_peers() -> bool:
+    """Destroy this rank's process group so peers blocked on it fail now. True if there was one."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_initialized():
+        return False
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()
+    return True
+
+
+def group_alive() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    return bool(dist is not None and dist.is_initialized())
