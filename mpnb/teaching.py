@@ -101,13 +101,23 @@ class StageTimer:
     def _timed(self, kind: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def timed(chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+            self._sync()
             start = time.perf_counter()
             try:
                 return fn(chunk_id, *args, **kwargs)
             finally:
+                self._sync()
                 self.events.append((kind, int(chunk_id), start, time.perf_counter()))
 
         return timed
+
+    def _sync(self) -> None:
+        # GPU kernels run asynchronously: without a sync the boxes would show launch times only
+        import torch
+
+        device = getattr(self._stage, "device", None)
+        if device is not None and torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
 
     def reset(self) -> None:
         self.events.clear()
