@@ -30,9 +30,9 @@ def cluster():
 @pytest.fixture(scope="module")
 def ipython():
     """A real IPython InteractiveShell with `%load_ext mpnb` done (no cluster of its own)."""
-    from IPython.testing.globalipapp import start_ipython
+    from IPython.testing.globalipapp import get_ipython, start_ipython
 
-    shell = start_ipython()
+    shell = start_ipython() or get_ipython()  # start_ipython returns None after the first module
     shell.run_line_magic("load_ext", "mpnb")
     yield shell
     shell.run_line_magic("unload_ext", "mpnb")
