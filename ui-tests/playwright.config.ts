@@ -8,7 +8,8 @@ import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
 
-import baseConfig from '@jupyterlab/galata/lib/playwright-config';
+// eslint-disable-next-line @typescript-eslint/no-var-requires
+const baseConfig = require('@jupyterlab/galata/lib/playwright-config');
 
 const root = path.resolve(__dirname, '..');
 const venvBin = path.join(root, '.venv', 'bin');

@@ -143,6 +143,21 @@ export async function runChartBenchmark(
     stop = true;
     await frames;
     const drawTimes = chart.stats.recent.slice(recentBefore);
+
+    // 3. Baseline in the same run: a full redraw of every visible rank with and without
+    //    decimation, alternating so that load on the machine hits both alike.
+    const full = { decimated: [] as number[], naive: [] as number[] };
+    for (let k = 0; k < 3; k++) {
+      for (const decimate of [false, true]) {
+        chart.decimate = decimate;
+        chart.invalidate();
+        await nextFrame();
+        const t0 = performance.now();
+        chart.drawNow();
+        full[decimate ? 'decimated' : 'naive'].push(performance.now() - t0);
+      }
+    }
+    chart.decimate = true;
     return {
       ranks,
       hz,
@@ -160,7 +175,10 @@ export async function runChartBenchmark(
       points_per_draw: chart.stats.lastPoints,
       lag_ms_median: round(quantile(lags, 0.5)),
       lag_ms_p95: round(quantile(lags, 0.95)),
-      frame_gap_ms_p95: round(quantile(frameGaps, 0.95))
+      frame_gap_ms_p95: round(quantile(frameGaps, 0.95)),
+      full_draw_ms_decimated: round(quantile(full.decimated, 0.5)),
+      full_draw_ms_naive: round(quantile(full.naive, 0.5)),
+      naive_over_decimated: round(quantile(full.naive, 0.5) / quantile(full.decimated, 0.5))
     };
   } finally {
     if (!keep) {

@@ -59,6 +59,8 @@ export interface IDrawStats {
 export class MemoryChart {
   readonly node: HTMLDivElement;
   readonly stats: IDrawStats = { draws: 0, totalMs: 0, maxMs: 0, recent: [], lastPoints: 0 };
+  /** Decimate for drawing (off only to measure what decimation saves). */
+  decimate = true;
   private _plots = new Map<number, RankPlot>();
   private _plotsNode: HTMLDivElement;
   private _empty: HTMLDivElement;
@@ -126,6 +128,14 @@ export class MemoryChart {
     this.requestDraw();
   }
 
+  /** Forget what was drawn, so the next draw redraws every rank. */
+  invalidate(): void {
+    for (const plot of this._plots.values()) {
+      plot.drawnKey = '';
+    }
+    this._drawnVersion = -1;
+  }
+
   /** Schedule a draw on the next animation frame; many calls, one draw. */
   requestDraw(): void {
     if (this._frame || this._disposed) {
@@ -164,7 +174,8 @@ export class MemoryChart {
         continue;
       }
       // One bucket per two pixels, at most two rows each: about one point per pixel.
-      const series = this.history.series(rank, Math.max(25, plot.width / 2));
+      const buckets = this.decimate ? Math.max(25, plot.width / 2) : Number.MAX_SAFE_INTEGER;
+      const series = this.history.series(rank, buckets);
       points += series.t.length;
       plot.update(series);
       plot.drawnKey = plot.drawn ? key : '';

@@ -95,6 +95,8 @@ export function addCommands(app: JupyterFrontEnd, registry: ConnectionRegistry, 
       if (!panel) {
         return;
       }
+      // A just-opened notebook may still be starting its kernel; running before that would skip the cell.
+      await panel.sessionContext.ready;
       const notebook = panel.content;
       NotebookActions.insertBelow(notebook);
       const cell = notebook.activeCell;

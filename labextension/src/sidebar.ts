@@ -150,17 +150,17 @@ export class DistributedSidebar extends Widget {
       el('pre', 'mpnb-code', notLoaded ? '%load_ext mpnb\n%mpnb start' : '%mpnb start'),
       el('p', undefined, 'or with the button (one engine per GPU; 2 CPU engines without GPUs):')
     );
-    box.append(this._button(CommandIDs.start, 'Start cluster', 'mpnb-start-button jp-mod-accept'));
+    box.append(this._button(CommandIDs.start, 'Start cluster', 'mpnb-start-button jp-mod-styled jp-mod-accept'));
     return box;
   }
 
   private _buttons(): HTMLElement {
     const bar = el('div', 'mpnb-sidebar-buttons');
     bar.append(
-      this._button(CommandIDs.stopRanks, 'Stop ranks', 'mpnb-stop-ranks-button jp-mod-warn'),
-      this._button(CommandIDs.restart, 'Restart', 'mpnb-restart-button'),
-      this._button(CommandIDs.stop, 'Stop cluster', 'mpnb-stop-button'),
-      this._button(CommandIDs.configPanel, 'Config panel', 'mpnb-config-button')
+      this._button(CommandIDs.stopRanks, 'Stop ranks', 'mpnb-stop-ranks-button jp-mod-styled jp-mod-warn'),
+      this._button(CommandIDs.restart, 'Restart', 'mpnb-restart-button jp-mod-styled jp-mod-reject'),
+      this._button(CommandIDs.stop, 'Stop cluster', 'mpnb-stop-button jp-mod-styled jp-mod-reject'),
+      this._button(CommandIDs.configPanel, 'Config panel', 'mpnb-config-button jp-mod-styled jp-mod-reject')
     );
     return bar;
   }

@@ -3,13 +3,13 @@
  * by the extension's "Open mpnb Config Panel" command, and its estimate bars
  * follow the ZeRO stage.
  */
-import { expect, test } from '@jupyterlab/galata';
+import { expect } from '@jupyterlab/galata';
 
-import { runCommand, screenshot } from './helpers';
+import { openNotebook, runCommand, screenshot, test } from './helpers';
 
-test('config panel renders and the ZeRO stage changes the bars', async ({ page }) => {
+test('config panel renders and the ZeRO stage changes the bars', async ({ page, tmpPath }) => {
   test.setTimeout(180_000);
-  await page.notebook.createNew('panel.ipynb');
+  await openNotebook(page, `${tmpPath}/panel.ipynb`, ['']);
   await runCommand(page, 'mpnb:open-config-panel');
   const panel = page.locator('.mpnb-panel');
   await expect(panel).toBeVisible({ timeout: 90_000 });
