@@ -152,7 +152,8 @@ def test_lifecycle_start_status_config_push_pull_restart_stop(ipython):
             assert cells[0] == str(rank) and int(cells[2]) in pids and cells[3:] == ["cpu", "True", "False"]
 
         # a rank running something shows as busy (the controller answers; the engines are not asked)
-        sleeping = sess.view().execute("import time; time.sleep(3)")
+        sleeping = sess.view().execute("import time; time.sleep(4)")
+        time.sleep(1)  # let the controller see the request before asking it
         _, out = run(ip, "%mpnb status")
         assert [row.split()[-1] for row in out.strip().splitlines()[2:]] == ["True", "True"]
         sleeping.get()
