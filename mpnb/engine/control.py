@@ -153,8 +153,15 @@ def release_peers() -> bool:
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_initialized():
         return False
+    # A group still referenced elsewhere (a DDP model holds it) keeps its connections open after
+    # destroy_process_group; abort closes them first.
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if abort is not None:
+        with contextlib.suppress(Exception):
+            abort()
     with contextlib.suppress(Exception):
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
     return True
 
 
