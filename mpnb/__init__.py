@@ -44,16 +44,30 @@ _LAZY: dict[str, str] = {
     "should_stop": "mpnb.engine.control",
 }
 
+# Every lazy name is public (tests/test_public_api.py checks _LAZY against this list).
 __all__ = [
     "ClusterError",
+    "Config",
     "ConfigError",
     "MpnbError",
     "NoClusterError",
     "RankError",
+    "Session",
+    "Trainer",
     "__version__",
+    "config_panel",
+    "connect",
+    "estimate",
     "load_ipython_extension",
+    "memory_plot",
+    "memory_report",
+    "prepare",
+    "restart",
+    "session",
+    "should_stop",
+    "start",
+    "stop",
     "unload_ipython_extension",
-    *_LAZY,
 ]
 
 
