@@ -209,7 +209,8 @@ def _pipeline(cfg: Config, world_size: int, dp: int, device_kind: str) -> list[s
         "from torch.distributed.device_mesh import init_device_mesh",
         f"from torch.distributed.pipelining import PipelineStage, {schedule}",
         "",
-        f'mesh = init_device_mesh("{device_kind}", ({dp}, {pp}), mesh_dim_names=("dp", "pp"))',
+        "# pipeline outermost, as in torchtitan: ranks [s*dp, (s+1)*dp) hold stage s",
+        f'mesh = init_device_mesh("{device_kind}", ({pp}, {dp}), mesh_dim_names=("pp", "dp"))',
         'stage_index = mesh["pp"].get_local_rank()',
         *split,
         f"per_stage = len(model.blocks) // {pp}",
@@ -222,10 +223,11 @@ def _pipeline(cfg: Config, world_size: int, dp: int, device_kind: str) -> list[s
         *_checkpointing(cfg),
     ]
     if dp > 1:
+        # FSDP2, not DDP: DDP around a PipelineStage miscounts gradients with several microbatches
         lines += [
-            f"# {dp} data-parallel replicas of every stage: DDP averages gradients across them",
-            "from torch.nn.parallel import DistributedDataParallel as DDP",
-            'model = DDP(model, process_group=mesh["dp"].get_group())',
+            f"# {dp} data-parallel ranks per stage: FSDP2 shards the stage over them (ZeRO-3 like)",
+            _fsdp_imports(cfg),
+            *_fsdp_shard_lines(cfg, 'mesh["dp"]'),
         ]
     lines += [
         f'stage = PipelineStage(model, stage_index, {pp}, device, group=mesh["pp"].get_group())',

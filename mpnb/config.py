@@ -15,8 +15,10 @@ then data parallel):
   data-parallel rank. `zero_stage` (0-3) applies to strategy=zero only
   (DeepSpeed); FSDP2 is ZeRO-3 like with `reshard_after_forward=True` and
   ZeRO-2 like with False.
-- strategy=pipeline needs pp >= 2. With pp < world_size the stages are
-  replicated data-parallel (DDP) over a 2-D (dp, pp) mesh. `micro_batch_size`
+- strategy=pipeline needs pp >= 2. With pp < world_size each stage is
+  sharded with FSDP2 over the data-parallel ranks of a 2-D (pp, dp) mesh
+  (pipeline outermost; DDP around a stage miscounts gradients with several
+  microbatches), so model states are ~1/(pp·dp) per rank. `micro_batch_size`
   is what one replica takes per step; the schedule splits it into
   `microbatches` equal chunks, so it must divide evenly and there must be at
   least as many microbatches as stages.

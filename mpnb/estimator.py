@@ -28,7 +28,7 @@ plus 4 bytes per parameter of the largest layer at stage 3).
 
 Model parallelism splits the model before data parallelism divides it:
 pipeline stages hold their own blocks (stage 0 the embeddings, the last stage
-the head) replicated over data-parallel ranks; tensor parallelism divides the
+the head), sharded by FSDP2 over data-parallel ranks; tensor parallelism divides the
 matrices named by the plan (column: weight and bias; row: weight) by the degree,
 then FSDP2 shards the result over the data-parallel ranks.
 
@@ -536,9 +536,11 @@ def _zero_stage(cfg: Config) -> int:
     """The ZeRO stage that describes how the data-parallel ranks share model states."""
     if cfg.strategy == "zero":
         return cfg.zero_stage
-    if cfg.strategy == "fsdp" or (cfg.strategy == "tensor"):
-        return 3  # FSDP2 shards parameters, gradients and optimizer state (tensor composes with it)
-    return 0  # ddp, and pipeline replicas under DDP
+    if cfg.strategy in ("fsdp", "tensor", "pipeline"):
+        # FSDP2 shards parameters, gradients and optimizer state; tensor and pipeline compose with it
+        # over their data-parallel ranks (with dp = 1 nothing is shared, so this changes nothing)
+        return 3
+    return 0  # ddp
 
 
 def _stage_params(layout: _Layout, stages: int, stage: int) -> int:
@@ -570,7 +572,8 @@ def _rank_estimate(
     P, G, K = ppk
     pp, tp = cfg.pipeline_stages, cfg.tensor_parallel
     dp = cfg.data_parallel(world)
-    stage = rank % pp if cfg.strategy == "pipeline" else 0
+    # pipeline outermost in the engine's (pp, dp) mesh: ranks [s*dp, (s+1)*dp) hold stage s
+    stage = rank // dp if cfg.strategy == "pipeline" else 0
 
     local = _stage_params(layout, pp, stage)
     if cfg.strategy == "tensor" and tp > 1:  # pipeline and tensor do not compose: local is the model

@@ -229,8 +229,9 @@ STRATEGY_APIS = [
     (Config(strategy="fsdp", offload="parameters"), ["CPUOffloadPolicy"]),
     (Config(strategy="zero", zero_stage=2), ["deepspeed.initialize", "'stage': 2", "engine.backward"]),
     (Config(strategy="pipeline", pipeline_stages=2, microbatches=4, pipeline_schedule="1f1b"),
-     ["PipelineStage", "Schedule1F1B", "n_microbatches=4", "(2, 2)", "DistributedDataParallel"]),
-    (Config(strategy="pipeline", pipeline_stages=4, microbatches=4), ["ScheduleGPipe", "(1, 4)"]),
+     ["PipelineStage", "Schedule1F1B", "n_microbatches=4", "(2, 2)", 'mesh_dim_names=("pp", "dp")',
+      'fully_shard(block, mesh=mesh["dp"]']),
+    (Config(strategy="pipeline", pipeline_stages=4, microbatches=4), ["ScheduleGPipe", "(4, 1)"]),
     (Config(strategy="tensor", tensor_parallel=2),
      ["parallelize_module", "ColwiseParallel", "RowwiseParallel", "'blocks.*.mlp.fc'",
       'mesh_dim_names=("dp", "tp")',
@@ -253,8 +254,15 @@ def test_to_code_compiles_and_uses_the_strategy_apis(cfg: Config, apis: list[str
 def test_to_code_without_dp_skips_fsdp_for_pure_tensor_parallel() -> None:
     code = Config(strategy="tensor", tensor_parallel=4).to_code(4, "cpu")
     assert "fully_shard" not in code and "parallelize_module" in code
-    assert "DistributedDataParallel" not in Config(strategy="pipeline", pipeline_stages=2,
-                                                   microbatches=2).to_code(2, "cpu")
+    pipeline_only = Config(strategy="pipeline", pipeline_stages=2, microbatches=2).to_code(2, "cpu")
+    assert "fully_shard" not in pipeline_only
+
+
+def test_to_code_shards_pipeline_stages_with_fsdp_not_ddp() -> None:
+    # DDP around a PipelineStage miscounts gradients with several microbatches; the engine uses FSDP2
+    code = Config(strategy="pipeline", pipeline_stages=2, microbatches=4).to_code(4, "cpu")
+    assert "DistributedDataParallel" not in code and "DDP(" not in code
+    assert code.index("fully_shard(model") < code.index("PipelineStage(model")
 
 
 def test_config_module_does_not_import_torch() -> None:

@@ -191,6 +191,23 @@ def test_pipeline_splits_layers_and_keeps_microbatches_in_flight() -> None:
     assert sum(r.parameters for r in gpipe.ranks) == pytest.approx(4 * 1_300_000_000, abs=8)
 
 
+def test_pipeline_times_data_shards_each_stage_over_its_data_parallel_ranks() -> None:
+    # 4 ranks, 2 stages: the engine's (pp, dp) mesh puts stage s on ranks [2s, 2s + 2), FSDP2 over dp=2
+    from mpnb.models import tiny_gpt
+
+    model = tiny_gpt(n_layer=4)
+    cfg = Config(strategy="pipeline", pipeline_stages=2, microbatches=2)
+    alone = estimate(model, cfg, 2)
+    with_dp = estimate(model, cfg, 4)
+    for rank, stage in enumerate((0, 0, 1, 1)):
+        mine, whole = with_dp.ranks[rank], alone.ranks[stage]
+        assert mine.parameters == whole.parameters // 2
+        assert mine.gradients == whole.gradients // 2
+        assert mine.optimizer == whole.optimizer // 2
+        assert mine.buffers > 0  # FSDP2's gathered units
+    assert with_dp.ranks[0].activations == with_dp.ranks[1].activations != with_dp.ranks[2].activations
+
+
 def test_tiny_gpt_shape_is_read_from_the_module() -> None:
     from mpnb.models import GPTConfig, tiny_gpt
 
