@@ -541,6 +541,10 @@ def _combination_problems(cfg: Config, world: int, device: str | None) -> list[s
             out.append(f"micro_batch_size={cfg.micro_batch_size} does not split into "
                        f"{cfg.microbatches} equal microbatches; make micro_batch_size a multiple of "
                        "microbatches.")
+        if cfg.grad_accum_steps != 1:
+            out.append(f"grad_accum_steps={cfg.grad_accum_steps} does not apply to strategy=pipeline: the "
+                       "schedule already accumulates gradients over its microbatches. Set grad_accum_steps=1 "
+                       "and raise microbatches (or micro_batch_size) instead.")
     elif cfg.microbatches != 1:
         out.append(f"microbatches={cfg.microbatches} applies only to strategy=pipeline; set microbatches=1 "
                    "(use grad_accum_steps to accumulate gradients).")
@@ -572,6 +576,11 @@ def _combination_problems(cfg: Config, world: int, device: str | None) -> list[s
             out.append("FSDP2 offloads parameters, gradients and the optimizer step together "
                        "(CPUOffloadPolicy); use offload=parameters with strategy=fsdp, or strategy=zero "
                        "for optimizer-only offload.")
+        elif s == "fsdp" and cfg.offload == "parameters" and device == "cpu":
+            out.append("offload=parameters with strategy=fsdp needs an accelerator: FSDP2's CPUOffloadPolicy "
+                       "moves shards from the GPU to host memory, and CPU ranks have nothing to offload. "
+                       "Use strategy=zero with zero_stage=3 and offload=parameters (works on CPU), or "
+                       "offload=none.")
     return out
 
 

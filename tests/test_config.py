@@ -35,6 +35,10 @@ IMPOSSIBLE = [
     (Config(strategy="zero", zero_stage=0, offload="optimizer"), 2, "cuda", ["stage 1, 2 or 3"]),
     (Config(strategy="zero", zero_stage=2, offload="parameters"), 2, "cuda", ["stage 3"]),
     (Config(strategy="fsdp", offload="optimizer"), 2, "cuda", ["CPUOffloadPolicy", "offload=parameters"]),
+    (Config(strategy="fsdp", offload="parameters"), 2, "cpu",
+     ["offload=parameters", "accelerator", "zero_stage=3"]),
+    (Config(strategy="pipeline", pipeline_stages=2, microbatches=2, grad_accum_steps=2), 2, "cuda",
+     ["grad_accum_steps=2", "raise microbatches"]),
     (Config(zero_stage=5), 2, "cuda", ["zero_stage must be 0, 1, 2 or 3"]),
     (Config(strategy="ddp", zero_stage=2), 2, "cuda", ["zero_stage=2", "strategy=zero"]),
     (Config(fsdp_wrap=["Block"]), 2, "cuda", ["fsdp_wrap applies only to strategy=fsdp"]),
@@ -72,6 +76,8 @@ def test_each_impossible_combination_has_a_clear_message(cfg: Config, world: int
 
 
 def test_possible_compositions_pass() -> None:
+    Config(strategy="fsdp", offload="parameters").validate(2, "cuda")  # CPUOffloadPolicy on an accelerator
+    Config(strategy="zero", zero_stage=3, offload="parameters").validate(2, "cpu")  # the CPU alternative
     Config(strategy="tensor", tensor_parallel=2).validate(4, "cpu")  # TP 2 x FSDP 2
     Config(strategy="pipeline", pipeline_stages=2, microbatches=4,
            pipeline_schedule="1f1b").validate(4, "cpu")

@@ -93,6 +93,9 @@ def test_hidden_options_are_neutral(panel: ConfigPanel) -> None:
     ({"strategy": "pipeline", "pipeline_stages": 2, "microbatches": 3}, "equal microbatches"),
     ({"strategy": "zero", "zero_stage": 0, "offload": "optimizer"}, "needs ZeRO stage 1, 2 or 3"),
     ({"strategy": "fsdp", "offload": "optimizer"}, "CPUOffloadPolicy"),
+    ({"device": "cpu", "strategy": "fsdp", "offload": "parameters"}, "needs an accelerator"),
+    ({"strategy": "pipeline", "pipeline_stages": 2, "microbatches": 2, "grad_accum_steps": 2},
+     "raise microbatches"),
 ])
 def test_impossible_combination_shows_the_message_and_disables_apply(panel: ConfigPanel, changes: dict,
                                                                      words: str) -> None:
