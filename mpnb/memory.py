@@ -3,7 +3,7 @@
 Samples arrive from the engines' sampler threads through `mpnb.monitor_channel`
 into a `MemoryStore` (one per session, `Session.memory`). Charts subscribe to
 the store and forward samples to their browser view in batches; the view (in
-the labextension) draws them. When a cell ends, its chart is replaced by a PNG
+the labextension) draws them. When a cell of a second or more ends, its chart is replaced by a PNG
 rendered here with matplotlib so saved notebooks and nbconvert still show it.
 No torch here: this runs in the notebook kernel.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import importlib
 import io
 import logging
 import threading
@@ -31,6 +32,11 @@ HISTORY_SECONDS = 600.0
 DEFAULT_MAX_SAMPLES = 7200
 # A chart sends at most this many messages a second to its view.
 CHART_SENDS_PER_SECOND = 10.0
+# Cells shorter than this leave a one-line summary, not an image: a few points are not worth
+# the ~0.2 s a matplotlib render adds to every quick cell.
+MIN_IMAGE_SECONDS = 1.0
+# How long a cell that gets an image waits for each rank's busy->idle sample (sent at once).
+FINAL_SAMPLE_WAIT = 0.2
 
 Sample = dict[str, Any]
 Subscriber = Callable[[list[Sample]], None]
@@ -161,7 +167,8 @@ class _Batcher:
                     log.exception("sending memory samples to the chart failed")
             if closed:
                 return
-            time.sleep(self._interval)
+            with self._cond:  # pace the sends, but wake at once for close()
+                self._cond.wait_for(lambda: self._closed, self._interval)
 
 
 class MemoryChart(DOMWidget):
@@ -318,11 +325,31 @@ def render_png(
     return buf.getvalue()
 
 
+_preloaded = threading.Event()
+
+
+def _preload_matplotlib() -> None:
+    """Import matplotlib's Agg pieces once, in the background, so the first image does not pay for it."""
+    if _preloaded.is_set():
+        return
+    _preloaded.set()
+
+    def load() -> None:
+        with contextlib.suppress(ImportError):
+            importlib.import_module("matplotlib.backends.backend_agg")
+            importlib.import_module("matplotlib.figure")
+
+    threading.Thread(target=load, name="mpnb-matplotlib-preload", daemon=True).start()
+
+
 # ---------------------------------------------------------------------------- per-cell chart
 
 
 class CellChart:
-    """The chart under one `%%distributed` cell: live while it runs, a PNG once it ends."""
+    """The chart under one `%%distributed` cell: live while it runs, a PNG once it ends.
+
+    A cell shorter than `MIN_IMAGE_SECONDS` leaves only the one-line peak summary.
+    """
 
     def __init__(self, store: MemoryStore, ranks: list[int], display_output: bool = True) -> None:
         from IPython.display import display
@@ -335,12 +362,13 @@ class CellChart:
             ranks=self.ranks, estimate=_estimate_trait(store.estimate), capacity=_capacity(store)
         )
         self.widget.follow(store, since=self.started)
+        _preload_matplotlib()
         self._handle = (
             display(self.widget._repr_mimebundle_(), raw=True, display_id=True) if display_output else None
         )
         self._closed = False
 
-    def _wait_for_final_samples(self, ended: float, timeout: float = 0.5) -> None:
+    def _wait_for_final_samples(self, ended: float, timeout: float = FINAL_SAMPLE_WAIT) -> None:
         # Each engine samples as soon as its cell ends; wait briefly so the image shows the end.
         deadline = time.time() + timeout
         while time.time() < deadline:
@@ -354,12 +382,15 @@ class CellChart:
         if self._closed:
             return
         self._closed = True
-        self._wait_for_final_samples(time.time())
+        ended = time.time()
+        wants_image = ended - self.started >= MIN_IMAGE_SECONDS
+        if wants_image:
+            self._wait_for_final_samples(ended)
         self.widget.stop_following()
         samples = [s for s in self.store.samples(since=self.started) if s["rank"] in self.ranks]
         summary = _text_summary(self.store.peaks(since=self.started))
         bundle: dict[str, Any] = {"text/plain": summary}
-        if samples:
+        if samples and wants_image:
             try:
                 self.png = render_png(samples, self.store.estimate, title="memory per rank during this cell")
                 bundle["image/png"] = base64.b64encode(self.png).decode("ascii")

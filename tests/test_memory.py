@@ -178,6 +178,12 @@ def test_distributed_cell_shows_the_chart_unless_no_monitor(kernel):
     assert [u["content"]["transient"]["display_id"] for u in updates] == [display_id]
     assert "image/png" in updates[0]["content"]["data"]
 
+    # a quick cell keeps only the one-line summary: no matplotlib render on every short cell
+    out = kernel.run("%%distributed\npass")
+    updates = [m for m in out if m["msg_type"] == "update_display_data"]
+    assert len(updates) == 1 and "image/png" not in updates[0]["content"]["data"]
+    assert updates[0]["content"]["data"]["text/plain"].startswith("mpnb memory")
+
     out = kernel.run("%%distributed --no-monitor\nimport time\ntime.sleep(0.3)")
     charts = [
         m
