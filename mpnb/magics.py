@@ -280,3 +280,8 @@ def unregister(ipython: Any) -> None:
             for name, fn in list(ipython.magics_manager.magics[kind].items()):
                 if getattr(fn, "__self__", None) is magics:
                     del ipython.magics_manager.magics[kind][name]
+    try:  # close the sidebar's comms so frontends show "not loaded"
+        from mpnb import dashboard
+    except ImportError:
+        return
+    dashboard.unregister(ipython)

@@ -244,3 +244,19 @@ def test_state_arrives_while_a_long_cell_holds_the_main_shell(probe: KernelProbe
     assert answered < 3.0, f"state took {answered:.1f} s: the open waited for the busy main shell"
     probe.wait_for(lambda m: m["parent_header"].get("msg_id") == busy and m["msg_type"] == "status"
                    and m["content"]["execution_state"] == "idle", 30, mark)
+
+
+def test_unload_ext_closes_the_comms(probe: KernelProbe) -> None:
+    probe.execute("%load_ext mpnb")
+    comm_id = probe.open_comm()
+    probe.wait_comm(comm_id, is_state, 20)
+    mark = len(probe.iopub)
+    probe.execute("%unload_ext mpnb")
+    probe.wait_for(lambda m: m["msg_type"] == "comm_close" and m["content"]["comm_id"] == comm_id, 20, mark)
+    try:  # and the target is gone: a new open is refused
+        mark = len(probe.iopub)
+        other = probe.open_comm()
+        probe.wait_for(lambda m: m["msg_type"] == "comm_close" and m["content"]["comm_id"] == other, 20, mark)
+        assert probe.comm_data(other, mark) == []
+    finally:
+        probe.execute("%load_ext mpnb")  # leave the kernel as the other tests expect
