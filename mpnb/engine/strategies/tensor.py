@@ -20,6 +20,7 @@ from typing import Any
 from torch import nn
 from torch.optim import Optimizer
 
+from mpnb.codegen import KNOWN_TENSOR_STYLES  # torch-free: the kernel's estimator reads it too
 from mpnb.engine.strategies.common import (
     EngineContext,
     apply_activation_checkpointing,
@@ -32,15 +33,6 @@ from mpnb.engine.strategies.fsdp import FSDPTrainer, apply_fsdp
 from mpnb.engine.trainer import LossFn, Trainer
 from mpnb.errors import MpnbError
 
-# last component(s) of a Linear's name -> style, for the layer names common models use
-_KNOWN = {
-    "attn.qkv": "colwise", "attn.proj": "rowwise",  # mpnb.models.GPT
-    "mlp.fc": "colwise", "mlp.proj": "rowwise",
-    "q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "o_proj": "rowwise",  # Llama style
-    "out_proj": "rowwise",
-    "up_proj": "colwise", "gate_proj": "colwise", "down_proj": "rowwise",
-    "fc1": "colwise", "fc2": "rowwise",
-}
 _HEAD_ATTRS = ("n_head", "num_heads", "num_attention_heads", "num_key_value_heads")
 
 
@@ -54,7 +46,7 @@ def default_plan(model: nn.Module) -> dict[str, str]:
     for name, module in model.named_modules():
         if not isinstance(module, nn.Linear):
             continue
-        for suffix, style in _KNOWN.items():
+        for suffix, style in KNOWN_TENSOR_STYLES.items():
             if name == suffix or name.endswith("." + suffix):
                 plan[name] = style
                 break
