@@ -1,7 +1,8 @@
 """Stop, crash, hang, recovery and output floods on a real 2-engine CPU cluster (gloo, 10 s group timeout).
 
 Each case asserts the time bound, what the notebook is told (rank, cause) and that the next cell runs.
-The tests share one cluster and run in file order: the rank-death test restarts it at its end.
+The tests share one cluster and run in file order: the rank-death test restarts it at its end, and the
+DDP stop tests come last (a live DDP model keeps gloo connections open, which defeats a release).
 """
 
 from __future__ import annotations
@@ -96,67 +97,6 @@ def test_bad_timeout_values_are_clear_errors(ip):
         res, out, _, _ = run(ip, f"%%distributed --timeout {value}\nprint('must not run')\n")
         assert isinstance(res.error_in_exec, ConfigError), (value, out)
         assert expected in out and "must not run" not in out
-
-
-def test_stop_button_stops_every_rank_at_the_same_step_20_times(ip, sess):
-    run(ip, "%%distributed\nkept = 'namespace ' + str(rank)\n")
-    setup = (
-        "%%distributed --no-monitor\n"
-        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
-        "model = DDP(torch.nn.Linear(8, 8))\n"
-        "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
-    )
-    assert run(ip, setup)[0].success
-    loop = (
-        "%%distributed --no-monitor\n"
-        "import time\n"
-        "for step in range(1_000_000):\n"
-        "    loss = model(torch.randn(4, 8)).pow(2).mean()\n"
-        "    loss.backward()\n"
-        "    opt.step(); opt.zero_grad()\n"
-        "    time.sleep(0.002 * (1 + 3 * rank))  # ranks run at different speeds\n"
-        "    if mpnb.should_stop():\n"
-        "        break\n"
-        "stopped_at = step\n"
-    )
-    delays = [0.3 + 0.05 * (i % 7) for i in range(20)]
-    for i, delay in enumerate(delays):
-        sent = interrupt_main_after(delay)
-        res, out, _, _ = run(ip, loop)
-        t_end = time.monotonic()
-        assert sent, "the interrupt was never sent"
-        assert isinstance(res.error_in_exec, KeyboardInterrupt), (i, out)
-        assert t_end - sent[0] < 2.0, f"trial {i}: took {t_end - sent[0]:.2f} s to stop"
-        assert sess.cell["status"] == "stopped" and set(sess.cell["ranks"].values()) == {"stopped"}, sess.cell
-        steps = sess.view().pull("stopped_at", block=True)
-        assert steps[0] == steps[1], f"trial {i}: ranks stopped at steps {steps}"
-        assert re.search(r"\[ranks 0,1\] mpnb: stopped at should_stop\(\) call \d+", out), out
-        if i % 5 == 4:  # the group still works (a desynchronised DDP would hang here)
-            assert run(ip, loop.replace("range(1_000_000)", "range(3)"))[0].success
-    assert_next_cell_works(ip)
-    res, out, _, _ = run(ip, "%%distributed\nprint(kept)\n")
-    assert "[rank 0] namespace 0" in out and "[rank 1] namespace 1" in out
-    # A live DDP model keeps the gloo group's connections open even after destroy_process_group, so
-    # a release could not free a blocked peer before the group timeout (see the report/internals).
-    assert run(ip, "%%distributed\ndel model, opt\nimport gc; gc.collect()\n")[0].success
-
-
-def test_second_interrupt_forces_a_hard_stop(ip, sess):
-    code = (
-        "%%distributed --no-monitor\nimport time\n"
-        "for step in range(100):\n    time.sleep(20)  # a long step: the cooperative flag waits for its end\n"
-        "    if mpnb.should_stop():\n        break\n"
-    )
-    # should_stop must have been called once for the first SIGINT to be cooperative: make step 0 short
-    code = code.replace("time.sleep(20)", "time.sleep(20 if step else 0.01)")
-    sent = interrupt_main_after(0.8, 0.7)
-    res, out, _, _ = run(ip, code)
-    t_end = time.monotonic()
-    assert len(sent) == 2 and isinstance(res.error_in_exec, KeyboardInterrupt)
-    assert t_end - sent[0] < 4.0, f"{t_end - sent[0]:.2f} s after the first interrupt"
-    assert "second interrupt forced a hard stop" in out
-    assert sess.cell["status"] == "stopped"
-    assert_next_cell_works(ip)
 
 
 def test_plain_python_cell_stops_within_2s(ip, sess):
@@ -292,4 +232,65 @@ def test_tight_tqdm_loop_on_every_rank(ip, sess):
         assert len(bars) == 1, bars
     updates = [o for o in outputs if "/5000" in o.data.get("text/plain", "")]
     assert 0 < len(updates) <= seconds / 0.2 + 3, (len(updates), seconds)  # redrawn at most 5 times a second
+    assert_next_cell_works(ip)
+
+
+def test_stop_button_stops_every_rank_at_the_same_step_20_times(ip, sess):
+    run(ip, "%%distributed\nkept = 'namespace ' + str(rank)\n")
+    setup = (
+        "%%distributed --no-monitor\n"
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "model = DDP(torch.nn.Linear(8, 8))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+    )
+    assert run(ip, setup)[0].success
+    loop = (
+        "%%distributed --no-monitor\n"
+        "import time\n"
+        "for step in range(1_000_000):\n"
+        "    loss = model(torch.randn(4, 8)).pow(2).mean()\n"
+        "    loss.backward()\n"
+        "    opt.step(); opt.zero_grad()\n"
+        "    time.sleep(0.002 * (1 + 3 * rank))  # ranks run at different speeds\n"
+        "    if mpnb.should_stop():\n"
+        "        break\n"
+        "stopped_at = step\n"
+    )
+    delays = [0.3 + 0.05 * (i % 7) for i in range(20)]
+    for i, delay in enumerate(delays):
+        sent = interrupt_main_after(delay)
+        res, out, _, _ = run(ip, loop)
+        t_end = time.monotonic()
+        assert sent, "the interrupt was never sent"
+        assert isinstance(res.error_in_exec, KeyboardInterrupt), (i, out)
+        assert t_end - sent[0] < 2.0, f"trial {i}: took {t_end - sent[0]:.2f} s to stop"
+        assert sess.cell["status"] == "stopped" and set(sess.cell["ranks"].values()) == {"stopped"}, sess.cell
+        steps = sess.view().pull("stopped_at", block=True)
+        assert steps[0] == steps[1], f"trial {i}: ranks stopped at steps {steps}"
+        assert re.search(r"\[ranks 0,1\] mpnb: stopped at should_stop\(\) call \d+", out), out
+        if i % 5 == 4:  # the group still works (a desynchronised DDP would hang here)
+            assert run(ip, loop.replace("range(1_000_000)", "range(3)"))[0].success
+    assert_next_cell_works(ip)
+    res, out, _, _ = run(ip, "%%distributed\nprint(kept)\n")
+    assert "[rank 0] namespace 0" in out and "[rank 1] namespace 1" in out
+    # A live DDP model keeps the gloo group's connections open even after destroy_process_group, so
+    # a release could not free a blocked peer before the group timeout (see the report/internals).
+    assert run(ip, "%%distributed\ndel model, opt\nimport gc; gc.collect()\n")[0].success
+
+
+def test_second_interrupt_forces_a_hard_stop(ip, sess):
+    code = (
+        "%%distributed --no-monitor\nimport time\n"
+        "for step in range(100):\n    time.sleep(20)  # a long step: the cooperative flag waits for its end\n"
+        "    if mpnb.should_stop():\n        break\n"
+    )
+    # should_stop must have been called once for the first SIGINT to be cooperative: make step 0 short
+    code = code.replace("time.sleep(20)", "time.sleep(20 if step else 0.01)")
+    sent = interrupt_main_after(0.8, 0.7)
+    res, out, _, _ = run(ip, code)
+    t_end = time.monotonic()
+    assert len(sent) == 2 and isinstance(res.error_in_exec, KeyboardInterrupt)
+    assert t_end - sent[0] < 4.0, f"{t_end - sent[0]:.2f} s after the first interrupt"
+    assert "second interrupt forced a hard stop" in out
+    assert sess.cell["status"] == "stopped"
     assert_next_cell_works(ip)
