@@ -145,7 +145,9 @@ class ConfigPanel(widgets.VBox):
         self.strategy = widgets.ToggleButtons(options=STRATEGY_OPTIONS, tooltips=STRATEGY_TIPS,
                                               description="Strategy", style=_WIDE)
         self.strategy.add_class("mpnb-panel-strategy")
-        self.zero_stage = widgets.RadioButtons(options=ZERO_STAGES, description="ZeRO stage", style=_WIDE)
+        # max-content: at the default 300 px the labels wrap inside fixed-height rows and overlap
+        self.zero_stage = widgets.RadioButtons(options=ZERO_STAGES, description="ZeRO stage", style=_WIDE,
+                                               layout=widgets.Layout(width="max-content"))
         self.zero_stage.add_class("mpnb-panel-zero-stage")
         self.reshard_after_forward = widgets.Checkbox(
             description="reshard after forward (ZeRO-3 like; off = ZeRO-2 like, faster, more memory)",
