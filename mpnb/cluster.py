@@ -777,7 +777,7 @@ def _close(sess: Session) -> None:
         # Leaving the process group first lets engines exit at once; with a live gloo group they
         # ignore SIGTERM and are killed only after ipyparallel's 5 s grace.
         with contextlib.suppress(Exception):
-            sess.client[list(sess.client.ids)].apply_async(bootstrap.teardown).wait(3)
+            sess.client[list(sess.client.ids)].apply_async(bootstrap.prepare_exit).wait(3)
         if sess.cluster is not None:
             with contextlib.suppress(Exception):
                 sess.client.shutdown(hub=False, block=False)  # engines exit now; the stop below reaps them
