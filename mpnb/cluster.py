@@ -592,11 +592,7 @@ def start(
                 f"{reason}\nThe start was rolled back: the controller and engines it launched are stopped."
             ) from exc
         _current = sess
-    _start_monitor(sess)
-    if verbose:
-        print(sess.summary(time.perf_counter() - t0))
-    sess._notify("start")
-    return sess
+    return _go_live(sess, "start", t0, verbose)
 
 
 def _profile_args(profile: str) -> dict[str, str]:
@@ -678,11 +674,7 @@ def connect(
             client.close()
             raise
         _current = sess
-    _start_monitor(sess)
-    if verbose:
-        print(sess.summary(time.perf_counter() - t0))
-    sess._notify("start")
-    return sess
+    return _go_live(sess, "start", t0, verbose)
 
 
 def _expected_engines(profile_kwargs: dict[str, str], cluster_id: str) -> int:
@@ -723,11 +715,7 @@ def restart(verbose: bool = True) -> Session:
                 f"Restart failed, so the cluster was stopped: {_short_error(exc)}. "
                 "Run `%mpnb start` for a new one."
             ) from exc
-    _start_monitor(sess)
-    if verbose:
-        print(sess.summary(time.perf_counter() - t0))
-    sess._notify("restart")
-    return sess
+    return _go_live(sess, "restart", t0, verbose)
 
 
 def _wait_new_engines(client: ipp.Client, old_ids: set[int], n: int, timeout: float) -> None:
@@ -749,6 +737,15 @@ def stop() -> None:
     if sess is None:
         return
     _close(sess)
+
+
+def _go_live(sess: Session, event: str, t0: float, verbose: bool) -> Session:
+    """Last steps of start, connect and restart: monitor on, one summary line, listeners told."""
+    _start_monitor(sess)
+    if verbose:
+        print(sess.summary(time.perf_counter() - t0))
+    sess._notify(event)
+    return sess
 
 
 def _start_monitor(sess: Session) -> None:
