@@ -659,15 +659,11 @@ def connect(
                 f"{listing} Start one with `ipcluster start -n N --profile {profile}` or fix --cluster-id."
             ) from None
         try:
-            expected = _expected_engines(profile_kwargs, cluster_id or "")
-            try:
-                client.wait_for_engines(max(expected, 1), timeout=engines_timeout, interactive=False)
-            except TimeoutError:
-                if not client.ids:
-                    raise ClusterError(
-                        f"The cluster in profile {profile!r} has no engines after {engines_timeout:g} s. "
-                        "Start engines (`ipengine --profile ...`) and retry."
-                    ) from None
+            if not _wait_for_launched_engines(client, profile_kwargs, cluster_id or "", engines_timeout):
+                raise ClusterError(
+                    f"The cluster in profile {profile!r} has no engines after {engines_timeout:g} s. "
+                    "Start engines (`ipengine --profile ...`) and retry."
+                )
             sess = Session(client, None, plan, cfg, source=f"connect --profile {profile}")
             sess.ranks, sess.backend = _form_world(client, sorted(client.ids), plan, cfg)
         except BaseException:
@@ -675,6 +671,38 @@ def connect(
             raise
         _current = sess
     return _go_live(sess, "start", t0, verbose)
+
+
+# Engines started by hand (`ipengine`) are not in the cluster file; once some have registered,
+# the count must hold this long before we take it as the whole cluster.
+_ENGINE_COUNT_SETTLE_S = 3.0
+
+
+def _wait_for_launched_engines(
+    client: Any, profile_kwargs: dict[str, str], cluster_id: str, timeout: float
+) -> bool:
+    """Wait until every engine the cluster file lists has registered; False if none came at all.
+
+    The file is read again on every poll: `ipcluster start` writes it once when the controller is
+    up and again only after it launched the engines (one second later by default), so a single read
+    right after the connection file appears sees no engines and would form a world too small.
+    """
+    deadline = time.monotonic() + timeout
+    seen, settled_since = -1, time.monotonic()
+    while True:
+        now = time.monotonic()
+        registered = len(client.ids)
+        expected = _expected_engines(profile_kwargs, cluster_id)
+        if expected and registered >= expected:
+            return True
+        if not expected and registered:
+            if registered != seen:
+                seen, settled_since = registered, now
+            elif now - settled_since >= _ENGINE_COUNT_SETTLE_S:
+                return True
+        if now >= deadline:
+            return registered > 0
+        time.sleep(0.2)
 
 
 def _expected_engines(profile_kwargs: dict[str, str], cluster_id: str) -> int:

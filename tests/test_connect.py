@@ -66,6 +66,13 @@ def ipcluster(tmp_path_factory):
             proc.wait(10)
 
 
+@pytest.fixture(autouse=True)
+def _disconnect_after_each_test():
+    """A test that fails while connected must not leave its session to the next one."""
+    yield
+    mpnb.stop()
+
+
 def test_connect_forms_a_world_and_stop_only_disconnects(ipython, ipcluster):
     ip = ipython
     res, out = run(ip, f"%mpnb connect --profile {ipcluster} --cluster-id {CLUSTER_ID} --timeout 30")
