@@ -586,7 +586,10 @@ class CellRun:
 
         if finished:
             try:
-                ar = self.session.view(finished).apply_async(control.release_peers)
+                peers: dict[str, list[int]] = {}
+                for info in self.session.ranks:
+                    peers.setdefault(info.host, []).append(info.pid)
+                ar = self.session.view(finished).apply_async(control.release_peers, peers)
                 ar.add_done_callback(lambda f: log.debug("group ended on %s: %s", finished, f.exception()))
             except Exception:
                 log.exception("mpnb: could not release the process group on %s", finished)

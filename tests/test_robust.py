@@ -1,8 +1,7 @@
 """Stop, crash, hang, recovery and output floods on a real 2-engine CPU cluster (gloo, 10 s group timeout).
 
 Each case asserts the time bound, what the notebook is told (rank, cause) and that the next cell runs.
-The tests share one cluster and run in file order: the rank-death test restarts it at its end, and the
-DDP stop tests come last (a live DDP model keeps gloo connections open, which defeats a release).
+The tests share one cluster and run in file order: the rank-death test restarts it at its end.
 """
 
 from __future__ import annotations
@@ -135,6 +134,37 @@ def test_one_rank_fails_while_the_other_waits_in_all_reduce(ip, sess):
     assert_next_cell_works(ip)
     res, out, _, _ = run(ip, "%%distributed\nprint(survives_heal)\n")
     assert "[rank 0] 40" in out and "[rank 1] 41" in out
+
+
+def test_one_rank_fails_while_a_live_ddp_model_holds_the_group(ip, sess):
+    """DDP keeps the gloo group alive after destroy_process_group; the release must still free rank 0."""
+    setup = (
+        "%%distributed --no-monitor\n"
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "held = DDP(torch.nn.Linear(8, 8))\n"
+        "held(torch.randn(2, 8)).sum().backward()\n"
+    )
+    assert run(ip, setup)[0].success
+    code = (
+        "%%distributed --no-monitor\n"
+        "import time\n"
+        "t = torch.ones(1)\n"
+        "if rank == 1:\n"
+        "    time.sleep(0.5)\n"
+        "    raise ValueError('bad batch on rank 1')\n"
+        "dist.all_reduce(t)\n"
+    )
+    res, out, _, seconds = run(ip, code)
+    assert type(res.error_in_exec).__name__ == "CellFailedError", out
+    assert seconds < 5, f"the cell took {seconds:.1f} s (group timeout {PG_TIMEOUT_S} s)"
+    assert "rank 1 failed first: ValueError: bad batch on rank 1" in out
+    assert "Connection closed by peer" in out  # rank 0 was freed by the release, not by its timeout
+    res, out, _, _ = run(ip, "%mpnb heal")
+    assert res.success and "mpnb.prepare" in out, out
+    assert_next_cell_works(ip)
+    # the process that shut its connections down is whole: its DDP module still computes locally
+    res, out, _, _ = run(ip, "%%distributed\nprint(tuple(held.module(torch.ones(1, 8)).shape))\ndel held\n")
+    assert res.success and out.strip() == "[ranks 0,1] (1, 8)", out
 
 
 def test_hang_with_timeout_shows_each_rank_stack(ip, sess):
@@ -273,9 +303,6 @@ def test_stop_button_stops_every_rank_at_the_same_step_20_times(ip, sess):
     assert_next_cell_works(ip)
     res, out, _, _ = run(ip, "%%distributed\nprint(kept)\n")
     assert "[rank 0] namespace 0" in out and "[rank 1] namespace 1" in out
-    # A live DDP model keeps the gloo group's connections open even after destroy_process_group, so
-    # a release could not free a blocked peer before the group timeout (see the report/internals).
-    assert run(ip, "%%distributed\ndel model, opt\nimport gc; gc.collect()\n")[0].success
 
 
 def test_second_interrupt_forces_a_hard_stop(ip, sess):
@@ -290,7 +317,7 @@ def test_second_interrupt_forces_a_hard_stop(ip, sess):
     res, out, _, _ = run(ip, code)
     t_end = time.monotonic()
     assert len(sent) == 2 and isinstance(res.error_in_exec, KeyboardInterrupt)
-    assert t_end - sent[0] < 4.0, f"{t_end - sent[0]:.2f} s after the first interrupt"
+    assert t_end - sent[1] < 2.0, f"{t_end - sent[1]:.2f} s after the second interrupt"
     assert "second interrupt forced a hard stop" in out
     assert sess.cell["status"] == "stopped"
     assert_next_cell_works(ip)

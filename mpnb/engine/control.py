@@ -11,9 +11,14 @@ after each execute, so nothing here outlives the cell.
 
 `faulthandler` writes this rank's Python stacks to a file on SIGUSR1 from C,
 so the kernel can see where a rank is stuck even inside a gloo collective.
-`release_peers()` destroys this rank's process group, which closes its gloo
-connections: a peer blocked waiting for this rank gets an error at once
-instead of at the process-group timeout.
+`release_peers()` ends this rank's process group so a peer blocked waiting for
+this rank gets an error at once instead of at the process-group timeout.
+Destroying the group is not enough while a DDP model (or any other holder) keeps
+a reference to it: gloo then keeps its connections open, and neither
+`abort()` nor `shutdown()` closes them on gloo (measured on torch 2.13: the peer
+waited until this process exited). So it also shuts down, at the socket level,
+this process's TCP connections to the other ranks on this host, found through
+/proc. The waiting peer's recv then fails with "Connection closed by peer".
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import contextlib
 import faulthandler
 import os
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -148,21 +154,86 @@ def stop_requested() -> bool:
     return _requested
 
 
-def release_peers() -> bool:
-    """Destroy this rank's process group so peers blocked on it fail now. True if there was one."""
+def release_peers(peer_pids_by_host: dict[str, list[int]] | None = None) -> bool:
+    """End this rank's process group so peers blocked on it fail now. True if there was one.
+
+    `peer_pids_by_host`: the other ranks' pids by host name; the connections to
+    those on this host are shut down too (see the module docstring).
+    """
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_initialized():
         return False
-    # A group still referenced elsewhere (a DDP model holds it) keeps its connections open after
-    # destroy_process_group; abort closes them first.
     abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
-    if abort is not None:
+    if abort is not None:  # closes NCCL communicators; a no-op for gloo
         with contextlib.suppress(Exception):
             abort()
     with contextlib.suppress(Exception):
         if dist.is_initialized():
             dist.destroy_process_group()
+    peers = (peer_pids_by_host or {}).get(socket.gethostname(), [])
+    with contextlib.suppress(OSError):
+        shut_down_connections_to([pid for pid in peers if pid != os.getpid()])
     return True
+
+
+def shut_down_connections_to(pids: list[int]) -> int:
+    """Shut down (not close: the fds stay gloo's) this process's TCP connections to `pids`.
+
+    A connection is ours to `pid` when its remote end is the local end of one of
+    `pid`'s sockets. Returns how many were shut down.
+    """
+    if not pids:
+        return 0
+    table = _tcp_connections()
+    peer_ends = {table[inode][0] for pid in pids for inode in _socket_fds(pid) if inode in table}
+    count = 0
+    for inode, fd in _socket_fds("self").items():
+        if inode in table and table[inode][1] in peer_ends:
+            sock = socket.socket(fileno=fd)
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+                count += 1
+            except OSError:
+                pass
+            finally:
+                sock.detach()
+    return count
+
+
+def _socket_fds(pid: int | str) -> dict[int, int]:
+    """Socket inode -> fd number for the process `pid` ("self" for this one)."""
+    found = {}
+    directory = f"/proc/{pid}/fd"
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(directory):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"{directory}/{fd}")
+                if link.startswith("socket:["):
+                    found[int(link[8:-1])] = int(fd)
+    return found
+
+
+def _tcp_connections() -> dict[int, tuple[tuple[str, int], tuple[str, int]]]:
+    """Socket inode -> ((local ip, port), (remote ip, port)) from /proc/net/tcp and tcp6."""
+    table = {}
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(name) as f:
+            next(f)  # the header
+            for line in f:
+                fields = line.split()
+                table[int(fields[9])] = (_endpoint(fields[1]), _endpoint(fields[2]))
+    return table
+
+
+def _endpoint(hex_endpoint: str) -> tuple[str, int]:
+    """'0100007F:1F90' -> ('127.0.0.1', 8080); IPv6 words are little-endian; v4-mapped v6 -> v4."""
+    address, port = hex_endpoint.split(":")
+    raw = bytes.fromhex(address)
+    raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    if len(raw) == 16 and raw[:12] == b"\0" * 10 + b"\xff\xff":
+        raw = raw[12:]
+    family = socket.AF_INET if len(raw) == 4 else socket.AF_INET6
+    return socket.inet_ntop(family, raw), int(port, 16)
 
 
 def group_alive() -> bool:
