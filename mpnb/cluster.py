@@ -11,6 +11,7 @@ Kernel side: never imports torch.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import glob
 import logging
@@ -731,7 +732,9 @@ def restart(verbose: bool = True) -> Session:
         sess.cell = None
         sess.health = None
         try:
+            nannies = _prepare_engines_exit(sess)
             sess.cluster.restart_engines_sync()
+            _reap_nannies_later(nannies)
             _wait_new_engines(sess.client, old_ids, n, timeout=120.0)
             new_ids = sorted(set(sess.client.ids) - old_ids)
             sess.ranks, sess.backend = _form_world(sess.client, new_ids, sess._plan, sess.config)
@@ -795,24 +798,79 @@ def _stop_monitor(sess: Session) -> None:
 
 def _close(sess: Session) -> None:
     global _current
-    from mpnb.engine import bootstrap
-
     with _lock:
         _stop_monitor(sess)  # samplers and the kernel end stop before the engines do
-        # Leaving the process group first lets engines exit at once; with a live gloo group they
-        # ignore SIGTERM and are killed only after ipyparallel's 5 s grace.
-        with contextlib.suppress(Exception):
-            sess.client[list(sess.client.ids)].apply_async(bootstrap.prepare_exit).wait(3)
+        nannies = _prepare_engines_exit(sess)
         if sess.cluster is not None:
             with contextlib.suppress(Exception):
                 sess.client.shutdown(hub=False, block=False)  # engines exit now; the stop below reaps them
             _stop_cluster_quietly(sess.cluster)
+            _reap_nannies_later(nannies)
         with contextlib.suppress(Exception):
             sess.client.close()
         sess.closed = True
         if _current is sess:
             _current = None
     sess._notify("stop")
+
+
+def _prepare_engines_exit(sess: Session) -> list[int]:
+    """Engines leave the process group and freeze their GC (fast exit); returns their nannies' pids."""
+    from mpnb.engine import bootstrap
+
+    # Leaving the process group first lets engines exit at once; with a live gloo group they
+    # ignore SIGTERM and are killed only after ipyparallel's 5 s grace.
+    with contextlib.suppress(Exception):
+        replies = sess.client[list(sess.client.ids)].apply_async(bootstrap.prepare_exit)
+        replies.wait(3)
+        return [pid for pids in replies.get(timeout=0) for pid in pids or ()]
+    return []
+
+
+# A nanny exits up to 3 s after its engine (it lingers to tell the stopped controller);
+# one still there after this never will.
+_NANNY_GRACE_S = 8.0
+_reapers: list[threading.Thread] = []
+
+
+def _reap_nannies_later(pids: list[int]) -> None:
+    """Reap in the background, so `%mpnb stop` does not wait out the nannies' linger."""
+    if not pids:
+        return
+    if not _reapers:
+        atexit.register(_join_reapers)
+    reaper = threading.Thread(target=_reap_nannies, args=(pids,), name="mpnb-nanny-reaper", daemon=True)
+    _reapers.append(reaper)
+    reaper.start()
+
+
+def _join_reapers() -> None:
+    for reaper in _reapers:
+        reaper.join(_NANNY_GRACE_S + 1)
+
+
+def _reap_nannies(pids: list[int]) -> None:
+    """Kill the engines' nanny processes that outlive their engine.
+
+    ipyparallel's nanny sometimes hangs in `zmq.Context.term()` after its engine exited
+    (here one nanny in about four stops), left behind as an orphan of init forever.
+    Only local engines' nannies are reachable, and a pid is only killed while it is
+    still a nanny (pids are reused).
+    """
+    import psutil
+
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            if "ipyparallel.engine.nanny" in " ".join(proc.cmdline()):
+                procs.append(proc)
+    _, alive = psutil.wait_procs(procs, timeout=_NANNY_GRACE_S)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    if alive:
+        log.debug("mpnb: killed %d ipyparallel nanny process(es) that outlived their engine", len(alive))
 
 
 def _stop_cluster_quietly(cluster: ipp.Cluster) -> None:

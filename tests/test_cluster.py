@@ -17,6 +17,7 @@ from IPython.utils.capture import capture_output
 import mpnb
 from mpnb import devices
 from mpnb.cluster import current
+from mpnb.engine.bootstrap import nanny_pids
 from mpnb.errors import ClusterError, ConfigError, MpnbError, NoClusterError
 from mpnb.output import strip_ansi
 
@@ -196,10 +197,15 @@ def test_lifecycle_start_status_config_push_pull_restart_stop(ipython):
         _, out = run(ip, "%%distributed\nprint(mpnb.engine.state.config['micro_batch_size'])")
         assert out.strip() == "[ranks 0,1] 4"  # the session's config survives a restart
 
+        nannies = [pid for pids in sess.view().apply_sync(nanny_pids) for pid in pids]
+        assert len(nannies) == 2, nannies  # one per engine (they relay signals)
         res, out = run(ip, "%mpnb stop")
         assert res.success and "cluster stopped" in out
         assert sess.closed and current() is None
         assert wait_for_children(before) <= before
+        # ipyparallel's nannies can hang after their engine is gone; none may outlive the stop
+        _, alive = psutil.wait_procs([psutil.Process(pid) for pid in nannies if psutil.pid_exists(pid)], 15)
+        assert not alive, f"nanny processes left running: {[p.pid for p in alive]}"
     finally:
         unsubscribe()
     assert changes[0] == "start" and "config" in changes and "restart" in changes and changes[-1] == "stop"

@@ -10,6 +10,7 @@ Arguments are plain data only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -142,16 +143,31 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
-def prepare_exit() -> None:
+def prepare_exit() -> list[int]:
     """Leave the process group, then spare the engine's exit a full garbage collection.
 
     After torch (and DeepSpeed) ran, the collection at interpreter exit took 5-9 s on a busy
     machine, so ipyparallel's 5 s TERM grace ran out; frozen objects are skipped by it.
+    Returns the pids of this engine's ipyparallel nanny processes, which the kernel reaps
+    after the engines are gone (see `mpnb.cluster._reap_nannies`).
     """
     import gc
 
     teardown()
     gc.freeze()
+    return nanny_pids()
+
+
+def nanny_pids() -> list[int]:
+    """Child processes of this engine that are ipyparallel nannies (they relay signals to it)."""
+    import psutil
+
+    found = []
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if "ipyparallel.engine.nanny" in " ".join(child.cmdline()):
+                found.append(child.pid)
+    return found
 
 
 def _shell() -> Any:
