@@ -85,6 +85,22 @@ def assert_next_cell_works(ip, expected_world: int = 2) -> None:
     assert f"sum {expected_world}" in out
 
 
+def test_a_deprecation_warning_from_torch_distributed_shows_once_per_rank(ip, sess):
+    # DeepSpeed makes such calls every step (ZeRO-3: 4 warnings a step), so each must show once, not per call
+    code = (
+        "%%distributed --no-monitor\n"
+        "import warnings\n"
+        "out = torch.zeros(2)\n"
+        "for _ in range(3):\n"
+        "    with warnings.catch_warnings():  # as libraries do: it resets the registry 'default' uses\n"
+        "        pass\n"
+        "    dist.all_gather_into_tensor(out, torch.ones(1))\n"
+    )
+    outs = [run(ip, code)[1] for _ in range(2)]
+    assert outs[0].count("FutureWarning") == 1 and "all_gather_into_tensor` is deprecated" in outs[0], outs[0]
+    assert "FutureWarning" not in outs[1], outs[1]
+
+
 def test_bad_timeout_values_are_clear_errors(ip):
     cases = [
         ("0", "--timeout must be a positive number"),

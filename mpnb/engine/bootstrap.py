@@ -14,6 +14,7 @@ import contextlib
 import os
 import socket
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,7 @@ def setup(
     }
     os.environ.update({k: str(v) for k, v in env.items()})
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "mpnb" / "torch_extensions"))
+    _show_deprecations_once()
     if gpu is None:
         # CPU ranks share cores; one OpenMP thread each avoids oversubscription.
         os.environ["OMP_NUM_THREADS"] = "1"
@@ -134,6 +136,31 @@ def setup(
             rank=rank, world_size=world_size, device=device, torch=torch, dist=dist, mpnb=mpnb
         )
     return {"rank": rank, "device": str(device), "pid": os.getpid()}
+
+
+def _show_deprecations_once() -> None:
+    """Show each deprecation warning once per engine, however often it is raised.
+
+    DeepSpeed calls deprecated torch.distributed functions on every step, and every
+    `warnings.catch_warnings()` anywhere clears the registries behind "default" and
+    "once" (CPython bumps the filters' version), so under ZeRO-3 each rank printed
+    4 FutureWarnings a step. Deduplicating where they are shown is what holds.
+    """
+    show = warnings.showwarning
+    if getattr(show, "mpnb_once", False):
+        return
+    seen: set[tuple[str, type, str, int]] = set()
+
+    def showwarning(message: Any, category: type, filename: str, lineno: int, *rest: Any) -> None:
+        if issubclass(category, (DeprecationWarning, FutureWarning)):
+            key = (str(message), category, filename, lineno)
+            if key in seen:
+                return
+            seen.add(key)
+        show(message, category, filename, lineno, *rest)
+
+    showwarning.mpnb_once = True  # type: ignore[attr-defined]
+    warnings.showwarning = showwarning
 
 
 def teardown() -> None:
