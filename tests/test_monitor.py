@@ -298,13 +298,24 @@ def test_measured_breakdown_matches_the_estimate(sess, strategy, stage):
         )
     # the engines sent the estimate for the new Trainer: the chart's dashed line
     assert _wait_for(lambda: store.estimate is not None, 5)
-    for rank in (0, 1):
-        if (strategy, stage) != ("zero", 3):  # the engine estimates from the model as it is after prepare
-            assert (
-                abs(store.estimate[rank] - predicted.ranks[rank].total) <= 0.1 * predicted.ranks[rank].total
-            )
-        else:  # ZeRO-3 partitioned the parameters and hides the model's shape: model states only
-            assert store.estimate[rank] >= predicted.ranks[rank].model_states
+    assert store.estimate == predicted.by_rank()  # from the whole model, even where ZeRO-3 partitions it
+
+
+def test_a_pipeline_stage_sends_the_estimate_for_the_whole_model(sess):
+    from mpnb.config import Config
+    from mpnb.estimator import estimate
+    from mpnb.models import tiny_gpt
+
+    cfg = Config(strategy="pipeline", pipeline_stages=2, microbatches=2, micro_batch_size=4)
+    sess.memory.set_estimate(None)
+    sess.view().execute(
+        "import torch, mpnb\nfrom mpnb.models import tiny_gpt\nmodel = tiny_gpt()\n"
+        f"trainer = mpnb.prepare(model, config={cfg.to_dict()!r})\n",
+        block=True,
+    ).get()
+    predicted = estimate(tiny_gpt(), cfg, 2).by_rank()
+    assert _wait_for(lambda: sess.memory.estimate is not None, 5)
+    assert sess.memory.estimate == predicted and predicted[0] != predicted[1]  # one line per stage
 
 
 def test_set_busy_switches_to_the_busy_rate_for_apply_work(sess):

@@ -115,29 +115,13 @@ def _NO_REF() -> None:  # a dead weak reference: calling it gives None
     return None
 
 
-_WRAPPERS = ("DistributedDataParallel", "DeepSpeedEngine", "FullyShardedDataParallel")
-
-
 def estimate_totals(trainer: Any) -> dict[int, int] | None:
-    """Per-rank total bytes `mpnb.estimate` predicts for the trainer's model and config.
+    """Per-rank total bytes `mpnb.estimate` predicted for the trainer's model and config.
 
-    None where the model on this rank is not the whole model (a pipeline stage)
-    or the estimator cannot read it: the chart then draws no estimate line.
+    `prepare` computes them from the whole model, before a strategy shards it (ZeRO-3,
+    FSDP) or keeps only this rank's stage (pipeline). None: no estimate line.
     """
-    config = getattr(trainer, "config", None)
-    model = getattr(trainer, "model", None)
-    if config is None or model is None or getattr(config, "strategy", None) == "pipeline":
-        return None
-    while type(model).__name__ in _WRAPPERS and getattr(model, "module", None) is not None:
-        model = model.module
-    from mpnb.estimator import estimate
-
-    params = list(model.parameters())
-    if any(hasattr(p, "ds_numel") for p in params):  # ZeRO-3 partitioned them: count the full sizes
-        result = estimate(sum(int(p.ds_numel) for p in params), config, state.world_size)
-    else:
-        result = estimate(model, config, state.world_size)
-    return result.by_rank()
+    return getattr(trainer, "estimated_totals", None)
 
 
 class Signer:

@@ -53,9 +53,21 @@ def prepare(
     if optimizer is None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     module = importlib.import_module(STRATEGY_MODULES[cfg.strategy])
+    estimated = _estimate_totals(model, cfg, ctx.world_size)  # while the model is still whole
     trainer = module.prepare(model, optimizer, cfg, ctx, loss_fn)
+    trainer.estimated_totals = estimated
     state.set_active_trainer(trainer)
     return trainer
+
+
+def _estimate_totals(model: nn.Module, cfg: Config, world_size: int) -> dict[int, int] | None:
+    """Per-rank bytes `mpnb.estimate` predicts; None where it cannot read the model (no line drawn)."""
+    from mpnb.estimator import estimate
+
+    try:
+        return estimate(model, cfg, world_size).by_rank()
+    except Exception:  # an estimate is a nicety: never fail a prepare over it
+        return None
 
 
 def current_context() -> EngineContext:

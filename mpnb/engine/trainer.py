@@ -132,6 +132,9 @@ class Trainer:
         self.device = device or torch.device("cpu")
         self.dp_rank, self.dp_size, self.dp_group = dp_rank, dp_size, dp_group
         self.steps = 0
+        # {rank: bytes} mpnb.estimate predicts for the whole model under `config` (set by prepare,
+        # which sees the model before it is sharded or split); the memory chart's dashed line
+        self.estimated_totals: dict[int, int] | None = None
         self._grad_bytes_at_backward = 0
         self._autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.precision)
         self._scaler = torch.amp.GradScaler(self.device.type) if config.precision == "fp16" else None
