@@ -36,3 +36,13 @@ def ipython():
     shell.run_line_magic("load_ext", "mpnb")
     yield shell
     shell.run_line_magic("unload_ext", "mpnb")
+
+
+@pytest.fixture(scope="module")
+def view(cluster):
+    """A view on every rank of `cluster` with tests/strategy_runs.py's engine functions installed."""
+    from strategy_runs import install
+
+    v = cluster.view()
+    install(v)
+    return v

@@ -13,7 +13,7 @@ of `mpnb.estimate`. One 2-engine CPU cluster for the module.
 from __future__ import annotations
 
 import pytest
-from strategy_runs import cluster_run, install
+from strategy_runs import cluster_run
 
 import mpnb
 
@@ -32,13 +32,6 @@ CASES = {
     "zero2-bf16": ({"strategy": "zero", "zero_stage": 2, "precision": "bf16"}, 2, 2, 12, "GK"),
     "zero3-bf16": ({"strategy": "zero", "zero_stage": 3, "precision": "bf16"}, 2, 2, 12, "PGK"),
 }
-
-
-@pytest.fixture(scope="module")
-def view(cluster):
-    v = cluster.view()
-    install(v)
-    return v
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from strategy_runs import ENGINE_CODE, assert_close, cluster_run, install, local_run
+from strategy_runs import ENGINE_CODE, assert_close, cluster_run, local_run
 
 ADAMW = {"optim": "adamw", "lr": 1e-3}
 CONFIGS = {
@@ -25,13 +25,6 @@ CONFIGS = {
 }
 PAIRS = [("fsdp", "zero2"), ("zero3", "tensor"), ("ddp", "pipeline"), ("pipeline", "fsdp"),
          ("tensor", "zero1"), ("zero2", "ddp"), ("zero1", "zero3")]
-
-
-@pytest.fixture(scope="module")
-def view(cluster):
-    v = cluster.view()
-    install(v)
-    return v
 
 
 @pytest.fixture(scope="module")

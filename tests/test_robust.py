@@ -123,18 +123,20 @@ def test_plain_python_cell_stops_within_2s(ip, sess):
     assert_next_cell_works(ip)
 
 
+RANK_1_FAILS_WHILE_RANK_0_WAITS = (
+    "%%distributed --no-monitor\n"
+    "import time\n"
+    "t = torch.ones(1)\n"
+    "if rank == 1:\n"
+    "    time.sleep(0.5)\n"
+    "    raise ValueError('bad batch on rank 1')\n"
+    "dist.all_reduce(t)\n"
+)
+
+
 def test_one_rank_fails_while_the_other_waits_in_all_reduce(ip, sess):
     run(ip, "%%distributed\nsurvives_heal = 40 + rank\n")
-    code = (
-        "%%distributed --no-monitor\n"
-        "import time\n"
-        "t = torch.ones(1)\n"
-        "if rank == 1:\n"
-        "    time.sleep(0.5)\n"
-        "    raise ValueError('bad batch on rank 1')\n"
-        "dist.all_reduce(t)\n"
-    )
-    res, out, _, seconds = run(ip, code)
+    res, out, _, seconds = run(ip, RANK_1_FAILS_WHILE_RANK_0_WAITS)
     assert type(res.error_in_exec).__name__ == "CellFailedError", out
     assert seconds < 10, f"the cell took {seconds:.1f} s"
     assert "rank 1 failed first: ValueError: bad batch on rank 1" in out
@@ -161,16 +163,7 @@ def test_one_rank_fails_while_a_live_ddp_model_holds_the_group(ip, sess):
         "held(torch.randn(2, 8)).sum().backward()\n"
     )
     assert run(ip, setup)[0].success
-    code = (
-        "%%distributed --no-monitor\n"
-        "import time\n"
-        "t = torch.ones(1)\n"
-        "if rank == 1:\n"
-        "    time.sleep(0.5)\n"
-        "    raise ValueError('bad batch on rank 1')\n"
-        "dist.all_reduce(t)\n"
-    )
-    res, out, _, seconds = run(ip, code)
+    res, out, _, seconds = run(ip, RANK_1_FAILS_WHILE_RANK_0_WAITS)
     assert type(res.error_in_exec).__name__ == "CellFailedError", out
     assert seconds < 5, f"the cell took {seconds:.1f} s (group timeout {PG_TIMEOUT_S} s)"
     assert "rank 1 failed first: ValueError: bad batch on rank 1" in out

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipyparallel as ipp
 import pytest
 import torch
-from strategy_runs import assert_close, cluster_run, install, local_run
+from strategy_runs import assert_close, cluster_run, local_run
 from torch import nn
 
 from mpnb.engine.strategies.pipeline import split_model
@@ -50,13 +50,6 @@ SGD_CASES = {
 }
 ADAMW_CASES = ["ddp", "fsdp", "zero1", "zero3", "pipeline-1f1b", "tensor"]
 BF16_CASES = ["ddp", "fsdp", "zero2", "tensor"]
-
-
-@pytest.fixture(scope="module")
-def view(cluster):
-    v = cluster.view()
-    install(v)
-    return v
 
 
 @pytest.fixture(scope="module")

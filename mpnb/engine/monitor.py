@@ -40,6 +40,7 @@ DEFAULT_SEND_INTERVAL = 0.25
 # the same numbers the wait doubles, up to the maximum (it changes in the first steps, then rarely).
 DEFAULT_BREAKDOWN_INTERVAL = 0.5
 MAX_BREAKDOWN_INTERVAL = 4.0
+_EARLY_STEPS = 3  # the breakdown is re-read right after each of these first optimizer steps
 # Samples waiting in the socket when the kernel is gone; beyond this they are dropped, never block.
 _SEND_HWM = 1000
 
@@ -256,6 +257,7 @@ class Sampler(threading.Thread):
         parts_of = _NO_REF  # the trainer `parts` was read from, when, and the wait till the next read
         parts_at = 0.0
         parts_wait = self.breakdown_interval
+        parts_steps: int | None = None  # trainer.steps at that read
         try:
             while not self._stop_event.is_set():
                 if self.paused:
@@ -269,15 +271,18 @@ class Sampler(threading.Thread):
                     estimated = weakref.ref(trainer)
                     self._send_estimate(socket, signer, trainer)
                 # Walking every tensor costs ~0.4 ms on a small model, half the sampler's cost at a
-                # fixed 0.5 s: refresh it at most every `parts_wait`, which grows while nothing changes.
+                # fixed 0.5 s: refresh it at most every `parts_wait`, which grows while nothing changes,
+                # and at once after each of the first steps (when gradients and optimizer state appear).
                 new_trainer = parts_of() is not trainer
-                if new_trainer or now - parts_at >= parts_wait:
+                steps = getattr(trainer, "steps", None)
+                early_step = steps != parts_steps and isinstance(steps, int) and steps <= _EARLY_STEPS
+                if new_trainer or early_step or now - parts_at >= parts_wait:
                     fresh = trainer_parts(trainer)
                     if fresh is not None:
                         unchanged = fresh == parts and not new_trainer
                         longer = min(2 * parts_wait, MAX_BREAKDOWN_INTERVAL)
                         parts_wait = longer if unchanged else self.breakdown_interval
-                        parts, parts_at = fresh, now
+                        parts, parts_at, parts_steps = fresh, now, steps
                         parts_of = weakref.ref(trainer) if trainer is not None else _NO_REF
                 del trainer
                 try:
