@@ -62,4 +62,4 @@ demo: install
 	$(BIN)/python -m mpnb.demo build/demo
 
 clean:
-	rm -rf $(VENV) node_modules lib mpnb/labextension build tsconfig.tsbuildinfo
+	rm -rf $(VENV) node_modules lib mpnb/labextension build
