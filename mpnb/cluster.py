@@ -853,7 +853,7 @@ def _reap_nannies(pids: list[int]) -> None:
     """Kill the engines' nanny processes that outlive their engine.
 
     ipyparallel's nanny sometimes hangs in `zmq.Context.term()` after its engine exited
-    (here one nanny in about four stops), left behind as an orphan of init forever.
+    (4 orphans after about 7 stops here), left behind as an orphan of init forever.
     Only local engines' nannies are reachable, and a pid is only killed while it is
     still a nanny (pids are reused).
     """
