@@ -17,10 +17,13 @@ import glob
 import logging
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mpnb.errors import ClusterError, ConfigError, NoClusterError
@@ -49,6 +52,7 @@ class RankInfo:
     device: str  # the torch device on the engine: "cpu" or "cuda:0" (bound to `gpu`)
     local_rank: int
     gpu: int | None = None  # physical GPU index on `host`, None for CPU ranks
+    nannies: tuple[int, ...] = ()  # pids of the engine's ipyparallel nanny (relays signals to it)
 
     @property
     def device_label(self) -> str:
@@ -542,6 +546,7 @@ def _form_world(
             device=d["device"],
             local_rank=r["local_rank"],
             gpu=r["gpu"],
+            nannies=tuple(r["info"].get("nannies", ())),
         )
         for r, d in zip(rows, done, strict=True)
     ]
@@ -732,9 +737,9 @@ def restart(verbose: bool = True) -> Session:
         sess.cell = None
         sess.health = None
         try:
-            nannies = _prepare_engines_exit(sess)
+            _prepare_engines_exit(sess)
+            _reap_nannies_later(sess)
             sess.cluster.restart_engines_sync()
-            _reap_nannies_later(nannies)
             _wait_new_engines(sess.client, old_ids, n, timeout=120.0)
             new_ids = sorted(set(sess.client.ids) - old_ids)
             sess.ranks, sess.backend = _form_world(sess.client, new_ids, sess._plan, sess.config)
@@ -800,12 +805,12 @@ def _close(sess: Session) -> None:
     global _current
     with _lock:
         _stop_monitor(sess)  # samplers and the kernel end stop before the engines do
-        nannies = _prepare_engines_exit(sess)
+        _prepare_engines_exit(sess)
         if sess.cluster is not None:
+            _reap_nannies_later(sess)
             with contextlib.suppress(Exception):
                 sess.client.shutdown(hub=False, block=False)  # engines exit now; the stop below reaps them
             _stop_cluster_quietly(sess.cluster)
-            _reap_nannies_later(nannies)
         with contextlib.suppress(Exception):
             sess.client.close()
         sess.closed = True
@@ -814,63 +819,41 @@ def _close(sess: Session) -> None:
     sess._notify("stop")
 
 
-def _prepare_engines_exit(sess: Session) -> list[int]:
-    """Engines leave the process group and freeze their GC (fast exit); returns their nannies' pids."""
+def _prepare_engines_exit(sess: Session) -> None:
+    """Engines leave the process group and freeze their GC, so they exit at once.
+
+    With a live gloo group they ignore SIGTERM and are killed only after ipyparallel's 5 s grace.
+    """
     from mpnb.engine import bootstrap
 
-    # Leaving the process group first lets engines exit at once; with a live gloo group they
-    # ignore SIGTERM and are killed only after ipyparallel's 5 s grace.
     with contextlib.suppress(Exception):
-        replies = sess.client[list(sess.client.ids)].apply_async(bootstrap.prepare_exit)
-        replies.wait(3)
-        return [pid for pids in replies.get(timeout=0) for pid in pids or ()]
-    return []
+        sess.client[list(sess.client.ids)].apply_async(bootstrap.prepare_exit).wait(3)
 
 
-# A nanny exits up to 3 s after its engine (it lingers to tell the stopped controller);
-# one still there after this never will.
-_NANNY_GRACE_S = 8.0
-_reapers: list[threading.Thread] = []
+def _reap_nannies_later(sess: Session) -> None:
+    """Start the detached nanny reaper for this session's engines (see mpnb/nanny_reaper.py)."""
+    pairs = [f"{r.pid}:{nanny}" for r in sess.ranks for nanny in r.nannies]
+    if sess.cluster is None or not pairs:
+        return  # a connected cluster's engines, and their nannies, are not ours
+    script = Path(__file__).with_name("nanny_reaper.py")
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        starter = subprocess.Popen(
+            [sys.executable, str(script), *pairs],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        starter.wait(10)  # it forks the watcher off and exits at once
 
 
-def _reap_nannies_later(pids: list[int]) -> None:
-    """Reap in the background, so `%mpnb stop` does not wait out the nannies' linger."""
-    if not pids:
-        return
-    if not _reapers:
-        atexit.register(_join_reapers)
-    reaper = threading.Thread(target=_reap_nannies, args=(pids,), name="mpnb-nanny-reaper", daemon=True)
-    _reapers.append(reaper)
-    reaper.start()
+def _reap_at_exit() -> None:
+    """The kernel is exiting (ipyparallel stops the engines of a live cluster): reap their nannies."""
+    if _current is not None and not _current.closed:
+        _reap_nannies_later(_current)
 
 
-def _join_reapers() -> None:
-    for reaper in _reapers:
-        reaper.join(_NANNY_GRACE_S + 1)
-
-
-def _reap_nannies(pids: list[int]) -> None:
-    """Kill the engines' nanny processes that outlive their engine.
-
-    ipyparallel's nanny sometimes hangs in `zmq.Context.term()` after its engine exited
-    (4 orphans after about 7 stops here), left behind as an orphan of init forever.
-    Only local engines' nannies are reachable, and a pid is only killed while it is
-    still a nanny (pids are reused).
-    """
-    import psutil
-
-    procs = []
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            proc = psutil.Process(pid)
-            if "ipyparallel.engine.nanny" in " ".join(proc.cmdline()):
-                procs.append(proc)
-    _, alive = psutil.wait_procs(procs, timeout=_NANNY_GRACE_S)
-    for proc in alive:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    if alive:
-        log.debug("mpnb: killed %d ipyparallel nanny process(es) that outlived their engine", len(alive))
+atexit.register(_reap_at_exit)
 
 
 def _stop_cluster_quietly(cluster: ipp.Cluster) -> None:

@@ -199,6 +199,7 @@ def test_lifecycle_start_status_config_push_pull_restart_stop(ipython):
 
         nannies = [pid for pids in sess.view().apply_sync(nanny_pids) for pid in pids]
         assert len(nannies) == 2, nannies  # one per engine (they relay signals)
+        assert sorted(n for r in sess.ranks for n in r.nannies) == sorted(nannies)
         res, out = run(ip, "%mpnb stop")
         assert res.success and "cluster stopped" in out
         assert sess.closed and current() is None

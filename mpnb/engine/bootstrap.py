@@ -52,6 +52,7 @@ def engine_info(controller_ip: str | None = None) -> dict[str, Any]:
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "torch_imported": "torch" in sys.modules,
         "free_port": free_port(),
+        "nannies": nanny_pids(),
     }
 
 
@@ -170,19 +171,16 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
-def prepare_exit() -> list[int]:
+def prepare_exit() -> None:
     """Leave the process group, then spare the engine's exit a full garbage collection.
 
     After torch (and DeepSpeed) ran, the collection at interpreter exit took 5-9 s on a busy
     machine, so ipyparallel's 5 s TERM grace ran out; frozen objects are skipped by it.
-    Returns the pids of this engine's ipyparallel nanny processes, which the kernel reaps
-    after the engines are gone (see `mpnb.cluster._reap_nannies`).
     """
     import gc
 
     teardown()
     gc.freeze()
-    return nanny_pids()
 
 
 def nanny_pids() -> list[int]:
