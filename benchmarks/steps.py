@@ -85,7 +85,7 @@ while True:
     seq += 1
     box = [None]
     if dist.get_rank() == 0:
-        path = os.path.join(commands, f"{{seq}}.json")
+        path = os.path.join(commands, f"{seq}.json")
         while not os.path.exists(path):
             time.sleep(0.01)
         with open(path) as f:
@@ -96,10 +96,10 @@ while True:
         break
     exec(command["code"])
     if dist.get_rank() == 0:
-        result = {{"dt": globals().get("_dt")}} if command["do"] == "time" else {{}}
-        with open(os.path.join(commands, f"{{seq}}.done.tmp"), "w") as f:
+        result = {"dt": globals().get("_dt")} if command["do"] == "time" else {}
+        with open(os.path.join(commands, f"{seq}.done.tmp"), "w") as f:
             json.dump(result, f)
-        os.rename(os.path.join(commands, f"{{seq}}.done.tmp"), os.path.join(commands, f"{{seq}}.done"))
+        os.rename(os.path.join(commands, f"{seq}.done.tmp"), os.path.join(commands, f"{seq}.done"))
 dist.destroy_process_group()
 """
 
@@ -110,7 +110,7 @@ class TorchrunWorld:
     def __init__(self) -> None:
         self._dir = tempfile.mkdtemp(prefix="mpnb-steps-")
         self._script = Path(self._dir) / "worker.py"
-        self._script.write_text(TORCHRUN_WORKER.format())
+        self._script.write_text(TORCHRUN_WORKER)
         self._seq = 0
         # a file, not a pipe: DeepSpeed's logging would fill an unread pipe and block the workers
         self._log = open(Path(self._dir) / "torchrun.log", "w+")  # noqa: SIM115 (closed in close())
@@ -120,11 +120,15 @@ class TorchrunWorld:
             stdout=self._log, stderr=subprocess.STDOUT,
         )
 
-    def run(self, code: str, do: str = "run", timeout: float = 600) -> dict:
+    def _send(self, do: str, code: str) -> None:
+        """The next numbered command, written whole before rank 0 can see it."""
         self._seq += 1
         path = Path(self._dir) / f"{self._seq}.json"
         path.with_suffix(".tmp").write_text(json.dumps({"do": do, "code": code}))
         path.with_suffix(".tmp").rename(path)
+
+    def run(self, code: str, do: str = "run", timeout: float = 600) -> dict:
+        self._send(do, code)
         done = Path(self._dir) / f"{self._seq}.done"
         deadline = time.monotonic() + timeout
         while not done.exists():
@@ -135,8 +139,7 @@ class TorchrunWorld:
         return json.loads(done.read_text())
 
     def close(self) -> None:
-        self._seq += 1
-        (Path(self._dir) / f"{self._seq}.json").write_text(json.dumps({"do": "quit", "code": ""}))
+        self._send("quit", "")
         try:
             self._proc.wait(60)
         except subprocess.TimeoutExpired:

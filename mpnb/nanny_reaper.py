@@ -18,6 +18,11 @@ GRACE_S = 8.0  # a healthy nanny is gone ~3 s after its engine
 WATCH_S = 120.0  # engines stopped at kernel exit may take a while to go
 
 
+def is_nanny(proc: object) -> bool:
+    """A psutil.Process running ipyparallel's engine nanny."""
+    return "ipyparallel.engine.nanny" in " ".join(proc.cmdline())  # type: ignore[attr-defined]
+
+
 def reap(pairs: list[tuple[int, int]], grace: float = GRACE_S, watch: float = WATCH_S) -> list[int]:
     """Watch (engine pid, nanny pid) pairs; kill each nanny left `grace` s after its engine. Returns those."""
     import psutil
@@ -26,7 +31,7 @@ def reap(pairs: list[tuple[int, int]], grace: float = GRACE_S, watch: float = WA
     for engine, nanny in pairs:
         try:
             proc = psutil.Process(nanny)
-            if "ipyparallel.engine.nanny" in " ".join(proc.cmdline()):
+            if is_nanny(proc):
                 nannies[nanny] = (engine, proc)
         except psutil.Error:
             pass

@@ -187,10 +187,12 @@ def nanny_pids() -> list[int]:
     """Child processes of this engine that are ipyparallel nannies (they relay signals to it)."""
     import psutil
 
+    from mpnb.nanny_reaper import is_nanny
+
     found = []
     for child in psutil.Process().children():
         with contextlib.suppress(psutil.Error):
-            if "ipyparallel.engine.nanny" in " ".join(child.cmdline()):
+            if is_nanny(child):
                 found.append(child.pid)
     return found
 
