@@ -59,7 +59,7 @@ test-e2e: install mpnb/labextension/package.json browser
 test: lint test-py test-e2e
 
 demo: install
-	$(BIN)/python -m mpnb.demo build/demo
+	$(BIN)/python -m mpnb.tools.demo build/demo
 
 clean:
 	rm -rf $(VENV) node_modules lib mpnb/labextension build

@@ -83,7 +83,7 @@ def main() -> int:
 
     @check("readers in this process (torch.cuda.memory_stats, NVML)")
     def _() -> str:
-        from mpnb.engine.memory_readers import make_reader
+        from mpnb.engine.readers import make_reader
 
         reader = make_reader("cuda:0")
         before = reader.read()
@@ -167,9 +167,9 @@ def main() -> int:
 
         @check("ZeRO-2 Trainer breakdown in the samples vs mpnb.estimate")
         def _() -> str:
-            from mpnb.config import Config
-            from mpnb.estimator import estimate
             from mpnb.models import tiny_gpt
+            from mpnb.planning.config import Config
+            from mpnb.planning.estimator import estimate
 
             cfg = Config(strategy="zero", zero_stage=2, micro_batch_size=4)
             code = (

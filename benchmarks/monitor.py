@@ -22,8 +22,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import mpnb
-from mpnb import monitor_channel
 from mpnb.engine import monitor
+from mpnb.monitoring import channel as monitor_channel
 
 SETUP = """
 import time, torch, mpnb

@@ -25,19 +25,19 @@ from mpnb.errors import ClusterError, ConfigError, MpnbError, NoClusterError, Ra
 # public name -> module that defines it
 _LAZY: dict[str, str] = {
     # cluster lifecycle (kernel side)
-    "start": "mpnb.cluster",
-    "connect": "mpnb.cluster",
-    "stop": "mpnb.cluster",
-    "restart": "mpnb.cluster",
-    "session": "mpnb.cluster",
-    "Session": "mpnb.cluster",
+    "start": "mpnb.cluster.session",
+    "connect": "mpnb.cluster.session",
+    "stop": "mpnb.cluster.session",
+    "restart": "mpnb.cluster.session",
+    "session": "mpnb.cluster.session",
+    "Session": "mpnb.cluster.session",
     # configuration and prediction (kernel side, no torch)
-    "Config": "mpnb.config",
-    "estimate": "mpnb.estimator",
+    "Config": "mpnb.planning.config",
+    "estimate": "mpnb.planning.estimator",
     # widgets (kernel side)
     "config_panel": "mpnb.widgets.panel",
-    "memory_plot": "mpnb.memory",
-    "memory_report": "mpnb.memory",
+    "memory_plot": "mpnb.monitoring.chart",
+    "memory_report": "mpnb.monitoring.chart",
     # engine side (imports torch)
     "prepare": "mpnb.engine.prepare",
     "Trainer": "mpnb.engine.trainer",
@@ -102,11 +102,11 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from mpnb.cluster import Session, connect, restart, session, start, stop
-    from mpnb.config import Config
+    from mpnb.cluster.session import Session, connect, restart, session, start, stop
     from mpnb.engine.control import should_stop
     from mpnb.engine.prepare import prepare
     from mpnb.engine.trainer import Trainer
-    from mpnb.estimator import estimate
-    from mpnb.memory import memory_plot, memory_report
+    from mpnb.monitoring.chart import memory_plot, memory_report
+    from mpnb.planning.config import Config
+    from mpnb.planning.estimator import estimate
     from mpnb.widgets.panel import config_panel

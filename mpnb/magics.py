@@ -17,9 +17,9 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from mpnb import cluster
+from mpnb.cluster import session as cluster
 from mpnb.errors import ConfigError, MpnbError, NoClusterError
-from mpnb.execution import CellFailedError, CellOptions, ranks_from_args, run_cell
+from mpnb.execution.cell_run import CellFailedError, CellOptions, ranks_from_args, run_cell
 
 MPNB_USAGE = """\
 %mpnb start [-n N] [--devices 0,1,...] [--backend nccl|gloo] [--timeout SECONDS] [--port PORT]
@@ -142,7 +142,7 @@ class MpnbMagics(Magics):
         cluster.restart()
 
     def _cmd_heal(self, args: argparse.Namespace) -> None:
-        from mpnb import recovery
+        from mpnb.cluster import recovery
 
         if cluster.current() is None:
             raise NoClusterError(
@@ -164,7 +164,7 @@ class MpnbMagics(Magics):
         )
 
     def _cmd_config(self, args: argparse.Namespace) -> None:
-        from mpnb.config import Config
+        from mpnb.planning.config import Config
 
         sess = cluster.current()
         current = sess.config if sess is not None else (self._config or Config())
@@ -264,7 +264,7 @@ def register(ipython: Any) -> None:
     ipython.register_magics(MpnbMagics)
     ipython.set_custom_exc((MpnbError,), _show_mpnb_error)
     try:  # the JupyterLab sidebar's comm; optional until mpnb.dashboard exists
-        from mpnb import dashboard
+        from mpnb.monitoring import dashboard
     except ImportError:
         return
     hook = getattr(dashboard, "register", None)
@@ -281,7 +281,7 @@ def unregister(ipython: Any) -> None:
                 if getattr(fn, "__self__", None) is magics:
                     del ipython.magics_manager.magics[kind][name]
     try:  # close the sidebar's comms so frontends show "not loaded"
-        from mpnb import dashboard
+        from mpnb.monitoring import dashboard
     except ImportError:
         return
     dashboard.unregister(ipython)

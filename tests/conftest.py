@@ -17,7 +17,7 @@ import pytest
 def cluster():
     """A started 2-engine CPU Session (gloo), shared by the tests of one module and stopped after them."""
     import mpnb
-    from mpnb import cluster as cluster_mod
+    from mpnb.cluster import session as cluster_mod
 
     cluster_mod.stop()  # a previous module's session must not leak into this one
     sess = mpnb.start(n=2, timeout=30, verbose=False)

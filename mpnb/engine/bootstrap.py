@@ -42,7 +42,7 @@ def free_port() -> int:
 
 def engine_info(controller_ip: str | None = None) -> dict[str, Any]:
     """Where this engine lives: host, pid, address, GPUs it can see. Does not import torch."""
-    from mpnb import devices
+    from mpnb.cluster import devices
 
     return {
         "host": socket.gethostname(),
@@ -187,7 +187,7 @@ def nanny_pids() -> list[int]:
     """Child processes of this engine that are ipyparallel nannies (they relay signals to it)."""
     import psutil
 
-    from mpnb.nanny_reaper import is_nanny
+    from mpnb.cluster.reaper import is_nanny
 
     found = []
     for child in psutil.Process().children():

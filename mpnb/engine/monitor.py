@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from mpnb.engine import state
-from mpnb.engine.memory_readers import MemoryReader, make_reader
+from mpnb.engine.readers import MemoryReader, make_reader
 
 MSG_TYPE = "mpnb_memory"
 FRAME_SEPARATOR = b"\x00"

@@ -16,12 +16,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mpnb.config import Config
 from mpnb.engine import state
 from mpnb.engine.strategies import STRATEGY_MODULES
 from mpnb.engine.strategies.common import EngineContext
 from mpnb.engine.trainer import LossFn, Trainer
 from mpnb.errors import ConfigError, MpnbError
+from mpnb.planning.config import Config
 
 
 def prepare(
@@ -62,7 +62,7 @@ def prepare(
 
 def _estimate_totals(model: nn.Module, cfg: Config, world_size: int) -> dict[int, int] | None:
     """Per-rank bytes `mpnb.estimate` predicts; None where it cannot read the model (no line drawn)."""
-    from mpnb.estimator import estimate
+    from mpnb.planning.estimator import estimate
 
     try:
         return estimate(model, cfg, world_size).by_rank()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 
-from mpnb.estimator import Estimate, RankEstimate, format_bytes
+from mpnb.planning.estimator import Estimate, RankEstimate, format_bytes
 
 # category -> (label, colour); the same colours as the memory chart's categories where they overlap
 CATEGORIES: dict[str, tuple[str, str]] = {

@@ -29,9 +29,9 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from mpnb.config import PIPELINE_SCHEDULES, Config
 from mpnb.errors import ConfigError, MpnbError
-from mpnb.estimator import Estimate, estimate
+from mpnb.planning.config import PIPELINE_SCHEDULES, Config
+from mpnb.planning.estimator import Estimate, estimate
 from mpnb.widgets.bars import compare_html, estimate_html
 
 ZERO_STAGES = [
@@ -97,7 +97,7 @@ def _divisors_from_2(n: int) -> list[int]:
 
 
 def _current_session() -> Any | None:
-    from mpnb import cluster
+    from mpnb.cluster import session as cluster
 
     return cluster.current()
 
@@ -134,7 +134,7 @@ class ConfigPanel(widgets.VBox):
         self.save_ds_button.on_click(lambda _: self._save(self.ds_path.value, self.ds_text.value))
         self.save_code_button.on_click(lambda _: self._save(self.code_path.value, self.code_text.value))
         # listen to every session, so a cluster started after the panel opened is picked up too
-        from mpnb import cluster
+        from mpnb.cluster import session as cluster
 
         self._unsubscribe = cluster.on_change(self._on_session_change)
         self._refresh()

@@ -20,7 +20,6 @@ from typing import Any
 from torch import nn
 from torch.optim import Optimizer
 
-from mpnb.codegen import KNOWN_TENSOR_STYLES  # torch-free: the kernel's estimator reads it too
 from mpnb.engine.strategies.common import (
     EngineContext,
     apply_activation_checkpointing,
@@ -32,6 +31,7 @@ from mpnb.engine.strategies.common import (
 from mpnb.engine.strategies.fsdp import FSDPTrainer, apply_fsdp
 from mpnb.engine.trainer import LossFn, Trainer
 from mpnb.errors import MpnbError
+from mpnb.planning.codegen import KNOWN_TENSOR_STYLES  # torch-free: the kernel's estimator reads it too
 
 _HEAD_ATTRS = ("n_head", "num_heads", "num_attention_heads", "num_key_value_heads")
 

@@ -31,7 +31,7 @@ from mpnb.errors import ClusterError, ConfigError, NoClusterError
 if TYPE_CHECKING:
     import ipyparallel as ipp
 
-    from mpnb.config import Config
+    from mpnb.planning.config import Config
 
 log = logging.getLogger("mpnb")
 
@@ -216,7 +216,7 @@ class Session:
     @property
     def memory(self) -> Any:
         if self._memory is None:
-            from mpnb.memory import MemoryStore
+            from mpnb.monitoring.chart import MemoryStore
 
             self._memory = MemoryStore()
         return self._memory
@@ -362,7 +362,7 @@ def _plan_local(
     n: int | None, devices: str | Sequence[int] | None, backend: str | None, timeout: Any, port: Any
 ) -> tuple[int, _Plan]:
     """Check every user choice for a local start; return the engine count and the plan."""
-    from mpnb import devices as device_probe
+    from mpnb.cluster import devices as device_probe
 
     timeout_s = _check_timeout(timeout)
     backend = _check_backend(backend)
@@ -574,7 +574,7 @@ def start(
     global _current
     import ipyparallel as ipp
 
-    from mpnb.config import Config
+    from mpnb.planning.config import Config
 
     with _lock:
         _check_no_session()
@@ -641,7 +641,7 @@ def connect(
     global _current
     import ipyparallel as ipp
 
-    from mpnb.config import Config
+    from mpnb.planning.config import Config
 
     with _lock:
         _check_no_session()
@@ -787,7 +787,7 @@ def _go_live(sess: Session, event: str, t0: float, verbose: bool) -> Session:
 def _start_monitor(sess: Session) -> None:
     """Memory samples from every rank (mpnb.monitor_channel); a failure empties charts, not the cluster."""
     try:
-        from mpnb import monitor_channel
+        from mpnb.monitoring import channel as monitor_channel
 
         monitor_channel.attach(sess)
     except Exception:
@@ -796,7 +796,7 @@ def _start_monitor(sess: Session) -> None:
 
 def _stop_monitor(sess: Session) -> None:
     with contextlib.suppress(Exception):
-        from mpnb import monitor_channel
+        from mpnb.monitoring import channel as monitor_channel
 
         monitor_channel.detach(sess, timeout=2.0)
 
@@ -831,11 +831,11 @@ def _prepare_engines_exit(sess: Session) -> None:
 
 
 def _reap_nannies_later(sess: Session) -> None:
-    """Start the detached nanny reaper for this session's engines (see mpnb/nanny_reaper.py)."""
+    """Start the detached nanny reaper for this session's engines (see mpnb/cluster/reaper.py)."""
     pairs = [f"{r.pid}:{nanny}" for r in sess.ranks for nanny in r.nannies]
     if sess.cluster is None or not pairs:
         return  # a connected cluster's engines, and their nannies, are not ours
-    script = Path(__file__).with_name("nanny_reaper.py")
+    script = Path(__file__).with_name("reaper.py")
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         starter = subprocess.Popen(
             [sys.executable, str(script), *pairs],

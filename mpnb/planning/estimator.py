@@ -67,9 +67,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mpnb.codegen import KNOWN_TENSOR_STYLES
-from mpnb.config import Config
 from mpnb.errors import ConfigError
+from mpnb.planning.codegen import KNOWN_TENSOR_STYLES
+from mpnb.planning.config import Config
 
 # (implementation, precision) -> (P, G, master) bytes per parameter; optimizer moments come on top.
 MODEL_STATE_BYTES: dict[tuple[str, str], tuple[int, int, int]] = {

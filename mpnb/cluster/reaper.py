@@ -1,4 +1,4 @@
-"""Kill ipyparallel nanny processes that outlive their engine: `python nanny_reaper.py ENGINE:NANNY ...`.
+"""Kill ipyparallel nanny processes that outlive their engine: `python reaper.py ENGINE:NANNY ...`.
 
 ipyparallel's nanny relays signals to its engine and exits a few seconds after the engine does (it
 lingers to tell the controller). Sometimes it hangs in `zmq.Context.term()` instead and stays

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psutil
 
-from mpnb import nanny_reaper
+from mpnb.cluster import reaper as nanny_reaper
 
 # An "engine" that starts a long-lived child whose command line marks it as a nanny, prints its pid.
 ENGINE = (

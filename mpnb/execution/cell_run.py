@@ -35,12 +35,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from mpnb import recovery, watchdog
+from mpnb.cluster import recovery, watchdog
 from mpnb.errors import ConfigError, RankError
-from mpnb.output import Item, RankMerger, format_ranks, group_equal, strip_ansi
+from mpnb.execution.output import Item, RankMerger, format_ranks, group_equal, strip_ansi
 
 if TYPE_CHECKING:
-    from mpnb.cluster import Session
+    from mpnb.cluster.session import Session
 
 log = logging.getLogger("mpnb")
 
@@ -822,7 +822,7 @@ def run_cell(
 def _memory_chart(session: Session) -> Any:
     """The live memory chart under the cell, if the memory monitor is installed (mpnb.memory.cell_chart)."""
     try:
-        from mpnb.memory import cell_chart
+        from mpnb.monitoring.chart import cell_chart
     except ImportError:
         return None
     try:

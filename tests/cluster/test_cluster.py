@@ -15,11 +15,11 @@ import pytest
 from IPython.utils.capture import capture_output
 
 import mpnb
-from mpnb import devices
-from mpnb.cluster import current
+from mpnb.cluster import devices
+from mpnb.cluster.session import current
 from mpnb.engine.bootstrap import nanny_pids
 from mpnb.errors import ClusterError, ConfigError, MpnbError, NoClusterError
-from mpnb.output import strip_ansi
+from mpnb.execution.output import strip_ansi
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -128,7 +128,7 @@ def test_lifecycle_start_status_config_push_pull_restart_stop(ipython):
     ip = ipython
     before = children()
     changes: list[str] = []
-    from mpnb.cluster import on_change
+    from mpnb.cluster.session import on_change
 
     unsubscribe = on_change(lambda s: changes.append(s.last_event))
     try:

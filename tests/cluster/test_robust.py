@@ -16,9 +16,9 @@ import time
 import pytest
 from IPython.utils.capture import capture_output
 
-from mpnb import cluster as cluster_mod
+from mpnb.cluster import session as cluster_mod
 from mpnb.errors import ConfigError, NoClusterError, RankError
-from mpnb.output import strip_ansi
+from mpnb.execution.output import strip_ansi
 
 pytestmark = pytest.mark.timeout(300)
 

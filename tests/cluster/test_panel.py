@@ -28,7 +28,7 @@ def _visible(box) -> bool:
 
 @pytest.fixture
 def panel():
-    from mpnb import cluster
+    from mpnb.cluster import session as cluster
 
     assert cluster.current() is None  # these tests plan without a cluster
     p = mpnb.config_panel(world_size=4, device_kind="cuda", capacity_gb=80)
@@ -265,7 +265,7 @@ def _engine_configs(sess) -> list[dict]:
 @pytest.fixture(scope="module")
 def late_cluster():
     """The module's one cluster, started while a planning panel is already open: (session, that panel)."""
-    from mpnb import cluster as cluster_mod
+    from mpnb.cluster import session as cluster_mod
 
     cluster_mod.stop()
     early = mpnb.config_panel(world_size=8, device_kind="cuda")
@@ -383,7 +383,7 @@ def test_panel_renders_in_a_real_kernel_and_updates_its_bars() -> None:
 
 def test_panel_detaches_when_the_cluster_stops(late_cluster) -> None:
     """Last in this module on purpose: it stops the module's cluster (the fixture's stop is then a no-op)."""
-    from mpnb import cluster as cluster_mod
+    from mpnb.cluster import session as cluster_mod
 
     sess, early = late_cluster
     cluster_mod.stop()

@@ -52,7 +52,7 @@ class Dashboard:
         self._closed = False
         self._flusher = threading.Thread(target=self._flush_loop, name="mpnb-dashboard", daemon=True)
         self._flusher.start()
-        from mpnb import cluster
+        from mpnb.cluster import session as cluster
 
         self._unlisten = cluster.on_change(self._on_session_change)
         sess = cluster.current()
@@ -121,7 +121,7 @@ class Dashboard:
 
     def state(self) -> dict[str, Any]:
         """The `state` message for the current session (cached rank table off the kernel thread)."""
-        from mpnb import cluster
+        from mpnb.cluster import session as cluster
 
         sess = cluster.current()
         if sess is None:

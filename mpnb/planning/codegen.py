@@ -13,7 +13,7 @@ import pprint
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from mpnb.config import Config
+    from mpnb.planning.config import Config
 
 # The built-in tensor-parallel plan for mpnb.models.GPT blocks (Megatron: column then row).
 DEFAULT_TENSOR_PLAN = {

@@ -11,10 +11,10 @@ import pytest
 import zmq
 from jupyter_client.session import Session
 
-from mpnb import monitor_channel
 from mpnb.engine import monitor
-from mpnb.engine.memory_readers import CpuReader, CudaReader, MemoryReading
-from mpnb.memory import MemoryStore
+from mpnb.engine.readers import CpuReader, CudaReader, MemoryReading
+from mpnb.monitoring import channel as monitor_channel
+from mpnb.monitoring.chart import MemoryStore
 
 
 @pytest.fixture(scope="module")
@@ -262,9 +262,9 @@ BREAKDOWN_CASES = [("zero", 0), ("zero", 1), ("zero", 2), ("zero", 3), ("fsdp", 
 
 @pytest.mark.parametrize(("strategy", "stage"), BREAKDOWN_CASES, ids=lambda v: str(v))
 def test_measured_breakdown_matches_the_estimate(sess, strategy, stage):
-    from mpnb.config import Config
-    from mpnb.estimator import estimate
     from mpnb.models import tiny_gpt
+    from mpnb.planning.config import Config
+    from mpnb.planning.estimator import estimate
 
     cfg = Config(strategy=strategy, zero_stage=stage, micro_batch_size=4)
     code = (
@@ -310,9 +310,9 @@ def test_measured_breakdown_matches_the_estimate(sess, strategy, stage):
 
 
 def test_a_pipeline_stage_sends_the_estimate_for_the_whole_model(sess):
-    from mpnb.config import Config
-    from mpnb.estimator import estimate
     from mpnb.models import tiny_gpt
+    from mpnb.planning.config import Config
+    from mpnb.planning.estimator import estimate
 
     cfg = Config(strategy="pipeline", pipeline_stages=2, microbatches=2, micro_batch_size=4)
     sess.memory.set_estimate(None)

@@ -58,7 +58,7 @@ def kernel():
             """
             import json, time
             import mpnb
-            from mpnb.memory import cell_chart
+            from mpnb.monitoring.chart import cell_chart
             s = mpnb.start(n=2, timeout=30, verbose=False)
             assert s.monitor_channel.running
             get_ipython().run_line_magic("load_ext", "mpnb")

@@ -424,7 +424,7 @@ def cell_chart(session: Any, display_output: bool = True) -> CellChart:
 
 def _current_store(session: Any | None) -> tuple[Any, MemoryStore]:
     if session is None:
-        from mpnb.cluster import session as current_session
+        from mpnb.cluster.session import session as current_session
 
         session = current_session()
     return session, session.memory

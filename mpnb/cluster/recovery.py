@@ -20,10 +20,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from mpnb.errors import ClusterError, RankError
-from mpnb.output import format_ranks
+from mpnb.execution.output import format_ranks
 
 if TYPE_CHECKING:
-    from mpnb.cluster import Session
+    from mpnb.cluster.session import Session
 
 
 _RANK = {"wait": 0, "heal": 1, "restart": 2}
@@ -87,7 +87,7 @@ def check_ready(session: Session) -> None:
 
 
 def _alive_ranks(session: Session) -> list[int]:
-    from mpnb import watchdog
+    from mpnb.cluster import watchdog
 
     dead = {d.rank for d in watchdog.dead_ranks(session, list(range(session.world_size)))}
     return [r for r in range(session.world_size) if r not in dead]
@@ -95,7 +95,7 @@ def _alive_ranks(session: Session) -> list[int]:
 
 def heal(session: Session | None = None, wait_s: float | None = None, verbose: bool = True) -> Session:
     """Rebuild the process group on the surviving engines: destroy, new port, init. Namespaces stay."""
-    from mpnb import cluster
+    from mpnb.cluster import session as cluster
 
     sess = session or cluster.session()
     t0 = time.perf_counter()

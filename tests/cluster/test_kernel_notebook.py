@@ -7,7 +7,7 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-from mpnb.output import strip_ansi
+from mpnb.execution.output import strip_ansi
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -324,7 +324,7 @@ class Config:
 
     def to_code(self, world_size: int, device_kind: str = "cuda") -> str:
         """The plain PyTorch / DeepSpeed code this config stands for, for learners."""
-        from mpnb.codegen import config_code  # kept apart: long string templates
+        from mpnb.planning.codegen import config_code  # kept apart: long string templates
 
         found = self.problems(world_size, None)
         if found:

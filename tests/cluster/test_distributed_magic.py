@@ -9,7 +9,7 @@ import pytest
 from IPython.utils.capture import capture_output
 
 from mpnb.errors import MpnbError
-from mpnb.output import strip_ansi
+from mpnb.execution.output import strip_ansi
 
 pytestmark = pytest.mark.timeout(300)
 

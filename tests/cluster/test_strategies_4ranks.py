@@ -25,7 +25,7 @@ CASES = {
 @pytest.fixture(scope="module")
 def view():
     import mpnb
-    from mpnb import cluster as cluster_mod
+    from mpnb.cluster import session as cluster_mod
 
     cluster_mod.stop()
     sess = mpnb.start(n=4, timeout=60, verbose=False)

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from mpnb import Config, ConfigError, estimate
-from mpnb.estimator import MODEL_STATE_BYTES, format_bytes
+from mpnb.planning.estimator import MODEL_STATE_BYTES, format_bytes
 
 PSI = 7_500_000_000  # the ZeRO paper's Figure 1: 7.5B parameters, 64 GPUs, K = 12
 

@@ -13,9 +13,9 @@ import pytest
 from IPython.utils.capture import capture_output
 
 import mpnb
-from mpnb.cluster import _assign_ranks, _Plan, current
+from mpnb.cluster.session import _assign_ranks, _Plan, current
 from mpnb.errors import ClusterError
-from mpnb.output import strip_ansi
+from mpnb.execution.output import strip_ansi
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -1,4 +1,4 @@
-"""`make demo` / `python -m mpnb.demo OUT_DIR`: run the quickstart headlessly and keep what it shows.
+"""`make demo` / `python -m mpnb.tools.demo OUT_DIR`: run the quickstart headlessly and keep what it shows.
 
 Executes `notebooks/01_quickstart.ipynb` in a real kernel (nbclient), which
 starts its own 2-rank cluster, trains, and stops it. Writes the executed
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 QUICKSTART = NOTEBOOKS / "01_quickstart.ipynb"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -169,7 +169,7 @@ def run_demo(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mpnb.demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m mpnb.tools.demo", description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", nargs="?", default="build/demo")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per cell")
     args = parser.parse_args(argv)

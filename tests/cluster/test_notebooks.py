@@ -16,7 +16,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mpnb.demo import NOTEBOOKS, PNG_MAGIC, QUICKSTART, execute_notebook, run_demo
+from mpnb.tools.demo import NOTEBOOKS, PNG_MAGIC, QUICKSTART, execute_notebook, run_demo
 
 NOTEBOOK_PATHS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 CELL_TIMEOUT_S = 300

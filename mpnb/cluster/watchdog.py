@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mpnb.cluster import RankInfo, Session
+    from mpnb.cluster.session import RankInfo, Session
 
 STACK_SIGNAL = signal.SIGUSR1  # mpnb.engine.control.STACK_SIGNAL (that module imports torch lazily only)
 STACK_WAIT_S = 0.3  # faulthandler writes from the signal handler; the nanny relays the signal first

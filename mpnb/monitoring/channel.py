@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from mpnb.errors import ClusterError
 
 if TYPE_CHECKING:
-    from mpnb.memory import MemoryStore
+    from mpnb.monitoring.chart import MemoryStore
 
 # = mpnb.engine.monitor.MSG_TYPE and FRAME_SEPARATOR (kept apart: kernel code must not need the engine's)
 MSG_TYPE = "mpnb_memory"

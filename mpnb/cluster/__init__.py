@@ -1,0 +1,1 @@
+"""The cluster: the one live session, its lifecycle, recovery, watchdog, devices and nanny reaping."""

@@ -1,0 +1,1 @@
+"""Memory monitoring: the side channel from the engines, the store, charts, reports and the dashboard comm."""

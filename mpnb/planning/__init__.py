@@ -1,0 +1,1 @@
+"""Planning a run without torch: Config, parallel degrees, the memory estimator and code generation."""
