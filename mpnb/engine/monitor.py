@@ -3,10 +3,11 @@
 An engine executes one cell at a time, so the notebook cannot ask it for memory
 numbers while a cell runs. Instead a daemon thread samples the device (10 Hz
 while a cell runs, 1 Hz when idle) and pushes each sample over its own ZMQ PUSH
-socket to the notebook kernel's PULL socket (`mpnb.monitor_channel`). Messages
+socket to the notebook kernel's PULL socket (`mpnb.monitoring.channel`). Messages
 are signed with the cluster's own key in `jupyter_client.Session`'s wire format
 (the HMAC scheme ipyparallel's own messages use), so the kernel can drop
-anything unsigned, forged or replayed.
+anything unsigned, forged or replayed; the format is `mpnb.monitoring.protocol`,
+the one kernel-side module the engine imports.
 
 "Busy" is true while the engine executes code (IPython's pre/post_execute
 events, which fire for every `view.execute`) or while `set_busy(True)` is in
@@ -17,21 +18,22 @@ with each execute, so it is the peak of the current (or last) cell.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
-import json
 import threading
 import time
-import uuid
 import weakref
-from datetime import datetime, timezone
 from typing import Any
 
 from mpnb.engine import state
 from mpnb.engine.readers import MemoryReader, make_reader
+from mpnb.monitoring.protocol import (
+    MSG_TYPE,
+    PARTS,
+    Signer,
+    estimate_content,
+    make_sample,
+    samples_content,
+)
 
-MSG_TYPE = "mpnb_memory"
-FRAME_SEPARATOR = b"\x00"
 DEFAULT_BUSY_HZ = 10.0
 DEFAULT_IDLE_HZ = 1.0
 # Samples taken at 10 Hz travel in batches at most this often (the chart redraws ~4 times a second).
@@ -80,9 +82,6 @@ def _wake() -> None:
         sampler.wake.set()
 
 
-PARTS = ("parameters", "gradients", "optimizer")
-
-
 def trainer_parts(trainer: Any | None) -> dict[str, int] | None:
     """The Trainer's bytes by category, or None if it cannot say right now."""
     if trainer is None:
@@ -97,21 +96,19 @@ def trainer_parts(trainer: Any | None) -> dict[str, int] | None:
 def build_sample(reader: MemoryReader, rank: int, busy: bool, parts: dict[str, int]) -> dict[str, Any]:
     """One sample in the format of docs/internals.md ("Memory samples")."""
     reading = reader.read()
-    accounted = parts["parameters"] + parts["gradients"] + parts["optimizer"]
-    return {
-        "rank": rank,
-        "t": time.time(),
-        "busy": busy,
-        "device_kind": reading.device_kind,
-        "used": reading.used,
-        "reserved": reading.reserved,
-        "peak": reading.peak,
-        "capacity": reading.capacity,
-        "device_used": reading.device_used,
-        "oom_count": reading.oom_count,
-        **{key: parts.get(key, 0) for key in PARTS},
-        "other": max(0, reading.used - accounted),
-    }
+    return make_sample(
+        rank=rank,
+        t=time.time(),
+        busy=busy,
+        device_kind=reading.device_kind,
+        used=reading.used,
+        reserved=reading.reserved,
+        peak=reading.peak,
+        capacity=reading.capacity,
+        device_used=reading.device_used,
+        oom_count=reading.oom_count,
+        parts=parts,
+    )
 
 
 def _NO_REF() -> None:  # a dead weak reference: calling it gives None
@@ -125,48 +122,6 @@ def estimate_totals(trainer: Any) -> dict[int, int] | None:
     FSDP) or keeps only this rank's stage (pipeline). None: no estimate line.
     """
     return getattr(trainer, "estimated_totals", None)
-
-
-class Signer:
-    """Builds signed messages in `jupyter_client.Session`'s wire format, cheaply.
-
-    The kernel verifies them with a real `Session` (HMAC over header, parent,
-    metadata and content; a digest seen twice is a replay). Building them here
-    without `Session.send` costs a tenth as much, which matters at 10 Hz beside
-    a training loop.
-    """
-
-    DELIM = b"<IDS|MSG>"
-
-    def __init__(self, key: bytes, signature_scheme: str = "hmac-sha256") -> None:
-        algorithm = signature_scheme.split("-", 1)[1]
-        self._auth = hmac.new(key, digestmod=getattr(hashlib, algorithm))
-        self._session = uuid.uuid4().hex
-        self._count = 0
-
-    def frames(self, msg_type: str, content: dict[str, Any]) -> list[bytes]:
-        self._count += 1
-        header = {
-            "msg_id": f"{self._session}_{self._count}",
-            "msg_type": msg_type,
-            "session": self._session,
-            "username": "mpnb-monitor",
-            "date": datetime.now(timezone.utc).isoformat(),
-            "version": "5.3",
-        }
-        parts = [json.dumps(header).encode(), b"{}", b"{}", json.dumps(content).encode()]
-        digest = self._auth.copy()
-        for part in parts:
-            digest.update(part)
-        return [self.DELIM, digest.hexdigest().encode(), *parts]
-
-    def packed(self, msg_type: str, content: dict[str, Any]) -> bytes:
-        """The frames joined by NUL into one ZMQ frame (JSON and hex never contain NUL).
-
-        One frame is one GIL release in pyzmq instead of six, each of which can make
-        the training thread wait on a crowded CPU. The kernel splits it back.
-        """
-        return FRAME_SEPARATOR.join(self.frames(msg_type, content))
 
 
 class Sampler(threading.Thread):
@@ -221,7 +176,7 @@ class Sampler(threading.Thread):
         import zmq
 
         try:
-            socket.send(signer.packed(MSG_TYPE, {"samples": samples}), zmq.NOBLOCK)
+            socket.send(signer.packed(MSG_TYPE, samples_content(samples)), zmq.NOBLOCK)
             self.sent += len(samples)
         except zmq.Again:  # kernel not reading: drop rather than block the engine
             self.errors += 1
@@ -234,8 +189,7 @@ class Sampler(threading.Thread):
         try:
             totals = estimate_totals(trainer)
             if totals is not None:
-                content = {"samples": [], "estimate": {str(r): int(v) for r, v in totals.items()}}
-                socket.send(signer.packed(MSG_TYPE, content), zmq.NOBLOCK)
+                socket.send(signer.packed(MSG_TYPE, estimate_content(totals)), zmq.NOBLOCK)
         except Exception:  # no estimate is better than no samples
             self.errors += 1
 

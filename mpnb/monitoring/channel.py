@@ -1,11 +1,12 @@
 """Kernel end of the memory side channel: a ZMQ PULL socket fed by every engine.
 
-Each engine's sampler (`mpnb.engine.monitor`) pushes signed messages here. A
-receiver thread checks each signature with the cluster's key (the same
-`jupyter_client.Session` HMAC that ipyparallel uses; unsigned, badly signed and
-replayed messages are dropped and counted) and hands the samples to a
-`MemoryStore` in batches. The socket binds to the cluster's interface
-(127.0.0.1 for a local cluster), never to all interfaces unless asked to.
+Each engine's sampler (`mpnb.engine.monitor`) pushes signed messages here
+(format: `mpnb.monitoring.protocol`). A receiver thread checks each signature
+with the cluster's key (the same `jupyter_client.Session` HMAC that ipyparallel
+uses; unsigned, badly signed and replayed messages are dropped and counted) and
+hands the samples to a `MemoryStore` in batches. The socket binds to the
+cluster's interface (127.0.0.1 for a local cluster), never to all interfaces
+unless asked to.
 """
 
 from __future__ import annotations
@@ -17,14 +18,12 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from mpnb.errors import ClusterError
+from mpnb.execution import ipp_private
+from mpnb.monitoring import protocol
 
 if TYPE_CHECKING:
-    from mpnb.monitoring.chart import MemoryStore
+    from mpnb.monitoring.store import MemoryStore
 
-# = mpnb.engine.monitor.MSG_TYPE and FRAME_SEPARATOR (kept apart: kernel code must not need the engine's)
-MSG_TYPE = "mpnb_memory"
-FRAME_SEPARATOR = b"\x00"
-_SAMPLE_KEYS = ("rank", "t", "used")
 _MAX_BATCH = 500
 INTERFACE_ENV = "MPNB_MONITOR_INTERFACE"
 
@@ -137,25 +136,13 @@ class MonitorChannel:
         to `store.set_estimate`.
         """
         try:
-            if len(frames) == 1:  # the engines pack the message's frames into one (see monitor.Signer)
-                frames = frames[0].split(FRAME_SEPARATOR)
-            _, msg_frames = session.feed_identities(frames, copy=True)
-            msg = session.deserialize(msg_frames, content=True)
-            if msg["header"].get("msg_type") != MSG_TYPE:
-                raise ValueError("unexpected message type")
-            content = msg["content"]
-            samples = content["samples"]
-            if not isinstance(samples, list) or not all(
-                isinstance(s, dict) and all(k in s for k in _SAMPLE_KEYS) for s in samples
-            ):
-                raise ValueError("malformed samples")
-            estimate = content.get("estimate")
-            if estimate is not None:
-                self.store.set_estimate({int(rank): int(total) for rank, total in estimate.items()})
-            return samples
+            samples, estimate = protocol.decode(session, frames)
         except Exception:
             self.dropped += 1
             return []
+        if estimate is not None:
+            self.store.set_estimate(estimate)
+        return samples
 
 
 def bind_interface(client: Any) -> str:
@@ -169,7 +156,7 @@ def bind_interface(client: Any) -> str:
     override = os.environ.get(INTERFACE_ENV)
     if override:
         return override
-    config = getattr(client, "_config", {}) or {}
+    config = ipp_private.connection_config(client)
     url = str(config.get("registration") or config.get("interface") or "tcp://127.0.0.1")
     host = url.split("://", 1)[-1].rsplit(":", 1)[0] if url.count(":") > 1 else url.split("://", 1)[-1]
     if host in ("*", "0.0.0.0", ""):

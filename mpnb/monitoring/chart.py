@@ -1,35 +1,33 @@
-"""Per-rank memory on the kernel side: the sample store, the live chart widget, the report.
+"""The live memory chart widget, the chart under each `%%distributed` cell, and its PNG.
 
-Samples arrive from the engines' sampler threads through `mpnb.monitor_channel`
-into a `MemoryStore` (one per session, `Session.memory`). Charts subscribe to
-the store and forward samples to their browser view in batches; the view (in
-the labextension) draws them. When a cell of a second or more ends, its chart is replaced by a PNG
-rendered here with matplotlib so saved notebooks and nbconvert still show it.
+Charts subscribe to the session's `MemoryStore` and forward samples to their
+browser view (in the labextension, which draws them) in batches. When a cell of a
+second or more ends, its chart is replaced by a PNG rendered here with matplotlib
+so saved notebooks and nbconvert still show it.
 No torch here: this runs in the notebook kernel.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import importlib
 import io
 import logging
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from ipywidgets import DOMWidget
 from traitlets import Dict, Float, Int, List, Unicode
 
+from mpnb.monitoring.protocol import CATEGORIES, Sample, estimate_json
+from mpnb.monitoring.store import MemoryStore
+from mpnb.units import format_bytes
+
 log = logging.getLogger(__name__)
 
-CATEGORIES = ("parameters", "gradients", "optimizer", "other")
 HISTORY_SECONDS = 600.0
-# 10 minutes at 10 Hz, with room for bursts
-DEFAULT_MAX_SAMPLES = 7200
 # A chart sends at most this many messages a second to its view.
 CHART_SENDS_PER_SECOND = 10.0
 # Cells shorter than this leave a one-line summary, not an image: a few points are not worth
@@ -37,93 +35,6 @@ CHART_SENDS_PER_SECOND = 10.0
 MIN_IMAGE_SECONDS = 1.0
 # How long a cell that gets an image waits for each rank's busy->idle sample (sent at once).
 FINAL_SAMPLE_WAIT = 0.2
-
-Sample = dict[str, Any]
-Subscriber = Callable[[list[Sample]], None]
-
-
-# ---------------------------------------------------------------------------- store
-
-
-class MemoryStore:
-    """A bounded history of samples per rank, with subscribers fed from the receiver thread."""
-
-    def __init__(self, max_samples_per_rank: int = DEFAULT_MAX_SAMPLES) -> None:
-        self.max_samples_per_rank = max_samples_per_rank
-        # rank -> total bytes predicted by mpnb.estimate, drawn as a dashed line; None if unknown
-        self.estimate: dict[int, int] | None = None
-        self._history: dict[int, deque[Sample]] = {}
-        self._subscribers: list[Subscriber] = []
-        self._lock = threading.Lock()
-
-    def add(self, samples: Iterable[Sample]) -> None:
-        batch = list(samples)
-        if not batch:
-            return
-        with self._lock:
-            for sample in batch:
-                rank = int(sample["rank"])
-                history = self._history.get(rank)
-                if history is None:
-                    history = self._history[rank] = deque(maxlen=self.max_samples_per_rank)
-                history.append(sample)
-            subscribers = list(self._subscribers)
-        for callback in subscribers:
-            try:
-                callback(batch)
-            except Exception:  # one broken chart must not starve the others
-                log.exception("memory subscriber %r failed", callback)
-
-    def set_estimate(self, per_rank: dict[int, int] | None) -> None:
-        """Set the dashed line: total bytes per rank, as `mpnb.estimate(...).by_rank()` gives.
-
-        Engines send it for each new Trainer; set it by hand for a model they cannot
-        estimate (a pipeline stage). Open charts pick it up with their next batch.
-        """
-        self.estimate = dict(per_rank) if per_rank else None
-
-    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
-        """Call `callback(batch)` for every new batch; returns the function that unsubscribes."""
-        with self._lock:
-            self._subscribers.append(callback)
-
-        def unsubscribe() -> None:
-            with self._lock, contextlib.suppress(ValueError):
-                self._subscribers.remove(callback)
-
-        return unsubscribe
-
-    def ranks(self) -> list[int]:
-        with self._lock:
-            return sorted(self._history)
-
-    def samples(self, rank: int | None = None, since: float | None = None) -> list[Sample]:
-        """Samples in time order, for one rank or all, optionally only those at or after `since`."""
-        with self._lock:
-            histories = [self._history.get(rank, ())] if rank is not None else list(self._history.values())
-            out = [s for h in histories for s in h if since is None or s["t"] >= since]
-        out.sort(key=lambda s: s["t"])
-        return out
-
-    def latest(self) -> dict[int, Sample]:
-        with self._lock:
-            return {rank: h[-1] for rank, h in self._history.items() if h}
-
-    def peaks(self, since: float | None = None) -> dict[int, dict[str, int]]:
-        """Per rank, the largest value seen for each category (each on its own, not summed)."""
-        out: dict[int, dict[str, int]] = {}
-        for sample in self.samples(since=since):
-            row = out.setdefault(int(sample["rank"]), {"samples": 0})
-            row["samples"] += 1
-            for key in (*CATEGORIES, "used", "peak", "reserved", "device_used", "capacity", "oom_count"):
-                value = sample.get(key)
-                if value is not None:
-                    row[key] = max(row.get(key, 0), int(value))
-        return out
-
-    def clear(self) -> None:
-        with self._lock:
-            self._history.clear()
 
 
 # ---------------------------------------------------------------------------- widget
@@ -220,7 +131,7 @@ class MemoryChart(DOMWidget):
     def _on_batch(self, batch: list[Sample]) -> None:
         store = self._store
         if store is not None:
-            estimate = _estimate_trait(store.estimate)
+            estimate = estimate_json(store.estimate)
             if estimate != self.estimate:
                 self.estimate = estimate
         ranks = set(self.ranks)
@@ -242,26 +153,7 @@ class MemoryChart(DOMWidget):
                 self._send_samples(history)
 
 
-def _estimate_trait(estimate: dict[int, int] | None) -> dict[str, int]:
-    return {str(rank): int(value) for rank, value in (estimate or {}).items()}
-
-
-def _capacity(store: MemoryStore) -> int:
-    return max((int(s.get("capacity") or 0) for s in store.latest().values()), default=0)
-
-
 # ---------------------------------------------------------------------------- static image
-
-
-def _gib_or_mib(n: float) -> tuple[float, str]:
-    return (n / 2**30, "GiB") if n >= 2**30 else (n / 2**20, "MiB")
-
-
-def format_bytes(n: int | float | None) -> str:
-    if n is None:
-        return "-"
-    value, unit = _gib_or_mib(float(n))
-    return f"{value:.2f} {unit}" if unit == "GiB" else f"{value:.1f} {unit}"
 
 
 def render_png(
@@ -284,8 +176,7 @@ def render_png(
     top = max((max(s["used"], s.get("peak", 0)) for s in samples), default=1)
     if estimate:
         top = max(top, *estimate.values())
-    _, unit = _gib_or_mib(top)
-    scale = 2**30 if unit == "GiB" else 2**20
+    scale, unit = (2**30, "GiB") if top >= 2**30 else (2**20, "MiB")
     colors = ("#4c72b0", "#dd8452", "#55a868", "#c7c7c7")
     for i, rank in enumerate(ranks):
         ax = axes[i // cols][i % cols]
@@ -335,9 +226,8 @@ def _preload_matplotlib() -> None:
     _preloaded.set()
 
     def load() -> None:
-        with contextlib.suppress(ImportError):
-            importlib.import_module("matplotlib.backends.backend_agg")
-            importlib.import_module("matplotlib.figure")
+        importlib.import_module("matplotlib.backends.backend_agg")
+        importlib.import_module("matplotlib.figure")
 
     threading.Thread(target=load, name="mpnb-matplotlib-preload", daemon=True).start()
 
@@ -359,7 +249,7 @@ class CellChart:
         self.started = time.time()
         self.png: bytes | None = None
         self.widget = MemoryChart(
-            ranks=self.ranks, estimate=_estimate_trait(store.estimate), capacity=_capacity(store)
+            ranks=self.ranks, estimate=estimate_json(store.estimate), capacity=store.capacity()
         )
         self.widget.follow(store, since=self.started)
         _preload_matplotlib()
@@ -391,11 +281,8 @@ class CellChart:
         summary = _text_summary(self.store.peaks(since=self.started))
         bundle: dict[str, Any] = {"text/plain": summary}
         if samples and wants_image:
-            try:
-                self.png = render_png(samples, self.store.estimate, title="memory per rank during this cell")
-                bundle["image/png"] = base64.b64encode(self.png).decode("ascii")
-            except ImportError:  # matplotlib missing: the text summary still replaces the live chart
-                log.warning("mpnb: matplotlib is not installed, so no static memory chart is kept")
+            self.png = render_png(samples, self.store.estimate, title="memory per rank during this cell")
+            bundle["image/png"] = base64.b64encode(self.png).decode("ascii")
         if self._handle is not None:
             self._handle.update(bundle, raw=True)
         self.widget.close()
@@ -422,82 +309,18 @@ def cell_chart(session: Any, display_output: bool = True) -> CellChart:
 # ---------------------------------------------------------------------------- public API
 
 
-def _current_store(session: Any | None) -> tuple[Any, MemoryStore]:
+def memory_plot(session: Any | None = None, history_seconds: float = HISTORY_SECONDS) -> MemoryChart:
+    """A live chart of every rank's memory (all history kept); display it by leaving it last in a cell."""
     if session is None:
         from mpnb.cluster.session import session as current_session
 
         session = current_session()
-    return session, session.memory
-
-
-def memory_plot(session: Any | None = None, history_seconds: float = HISTORY_SECONDS) -> MemoryChart:
-    """A live chart of every rank's memory (all history kept); display it by leaving it last in a cell."""
-    session, store = _current_store(session)
+    store = session.memory
     ranks = [r.rank for r in session.ranks] or store.ranks()
     chart = MemoryChart(
         ranks=ranks,
-        estimate=_estimate_trait(store.estimate),
-        capacity=_capacity(store),
+        estimate=estimate_json(store.estimate),
+        capacity=store.capacity(),
         history_seconds=history_seconds,
     )
     return chart.follow(store, since=time.time() - history_seconds)
-
-
-class MemoryReport:
-    """Per-rank peak bytes by category; shows as a table, `.data` for your own plots."""
-
-    COLUMNS = ("parameters", "gradients", "optimizer", "other", "used", "peak", "capacity", "estimate")
-
-    def __init__(self, peaks: dict[int, dict[str, int]], estimate: dict[int, int] | None) -> None:
-        self.rows: list[dict[str, Any]] = []
-        for rank, row in sorted(peaks.items()):
-            entry: dict[str, Any] = {"rank": rank}
-            for column in self.COLUMNS[:-1]:
-                entry[column] = row.get(column, 0)
-            entry["estimate"] = (estimate or {}).get(rank)
-            if row.get("device_used") is not None and "device_used" in row:
-                entry["device_used"] = row["device_used"]
-            self.rows.append(entry)
-
-    def to_dict(self) -> dict[int, dict[str, Any]]:
-        return {row["rank"]: {k: v for k, v in row.items() if k != "rank"} for row in self.rows}
-
-    @property
-    def data(self) -> Any:
-        """A pandas DataFrame indexed by rank if pandas is installed, else `to_dict()`."""
-        try:
-            import pandas as pd
-        except ImportError:
-            return self.to_dict()
-        return pd.DataFrame(self.rows).set_index("rank") if self.rows else pd.DataFrame()
-
-    def _repr_html_(self) -> str:
-        if not self.rows:
-            return "<p>mpnb memory report: no samples yet.</p>"
-        columns = [c for c in (*self.COLUMNS, "device_used") if any(c in row for row in self.rows)]
-        head = "".join(f"<th>{c}</th>" for c in ("rank", *columns))
-        body = "".join(
-            "<tr>"
-            + f"<td>{row['rank']}</td>"
-            + "".join(f"<td>{format_bytes(row.get(c))}</td>" for c in columns)
-            + "</tr>"
-            for row in self.rows
-        )
-        return (
-            "<table class='mpnb-memory-report'><caption>peak memory per rank</caption>"
-            f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-        )
-
-    def __repr__(self) -> str:
-        lines = ["rank " + " ".join(f"{c:>11}" for c in self.COLUMNS)]
-        for row in self.rows:
-            lines.append(
-                f"{row['rank']:>4} " + " ".join(f"{format_bytes(row.get(c)):>11}" for c in self.COLUMNS)
-            )
-        return "\n".join(lines)
-
-
-def memory_report(session: Any | None = None, since: float | None = None) -> MemoryReport:
-    """Per rank, the peak of each category (and of total use) over the kept history or since `since`."""
-    _, store = _current_store(session)
-    return MemoryReport(store.peaks(since=since), store.estimate)

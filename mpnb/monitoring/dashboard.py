@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from mpnb.monitoring.protocol import Sample, estimate_json
+
 log = logging.getLogger("mpnb")
 
 TARGET = "mpnb.dashboard"
@@ -32,8 +34,6 @@ SENDS_PER_SECOND = 4.0
 BACKLOG_SAMPLES = 2000
 # Comms of reloaded pages are never closed by their frontend; keep only the newest ones.
 MAX_COMMS = 16
-
-Sample = dict[str, Any]
 
 
 class Dashboard:
@@ -132,13 +132,12 @@ class Dashboard:
         latest = _latest_busy(sess)
         for row in ranks:
             row["busy"] = bool(row.get("busy")) or row["rank"] in running or latest.get(row["rank"], False)
-        estimate = getattr(sess.memory, "estimate", None) or {}
         return {
             "type": "state",
             "cluster": {"ranks": ranks, "backend": sess.backend, "world_size": sess.world_size},
             "strategy": _strategy_line(sess),
             "cell": cell,
-            "estimate": {str(rank): int(value) for rank, value in estimate.items()},
+            "estimate": estimate_json(getattr(sess.memory, "estimate", None)),
         }
 
     def _rank_rows(self, sess: Any) -> list[dict[str, Any]]:
@@ -249,14 +248,7 @@ class Dashboard:
 
 
 def _strategy_line(sess: Any) -> str:
-    config = getattr(sess, "config", None)
-    summary = getattr(config, "summary", None)
-    if summary is None:
-        return ""
-    try:
-        return str(summary(sess.world_size))
-    except Exception:
-        return ""
+    return sess.config.summary(sess.world_size)
 
 
 def _latest_busy(sess: Any) -> dict[int, bool]:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import html
 
-from mpnb.planning.estimator import Estimate, RankEstimate, format_bytes
+from mpnb.planning.estimator import Estimate, RankEstimate
+from mpnb.units import format_bytes
 
 # category -> (label, colour); the same colours as the memory chart's categories where they overlap
 CATEGORIES: dict[str, tuple[str, str]] = {

@@ -1,0 +1,110 @@
+"""`MemoryStore`: the kernel's bounded history of memory samples per rank (`Session.memory`).
+
+The side channel's receiver thread adds batches; charts, the report and the
+dashboard read the history and subscribe to new batches. Standard library only:
+`mpnb.cluster.session` imports this module, so it must not import the cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable
+
+from mpnb.monitoring.protocol import CATEGORIES, Sample
+
+log = logging.getLogger(__name__)
+
+# 10 minutes at 10 Hz, with room for bursts
+DEFAULT_MAX_SAMPLES = 7200
+# Per rank, the fields whose largest value `peaks` reports.
+PEAK_KEYS = (*CATEGORIES, "used", "peak", "reserved", "device_used", "capacity", "oom_count")
+
+Subscriber = Callable[[list[Sample]], None]
+
+
+class MemoryStore:
+    """A bounded history of samples per rank, with subscribers fed from the receiver thread."""
+
+    def __init__(self, max_samples_per_rank: int = DEFAULT_MAX_SAMPLES) -> None:
+        self.max_samples_per_rank = max_samples_per_rank
+        # rank -> total bytes predicted by mpnb.estimate, drawn as a dashed line; None if unknown
+        self.estimate: dict[int, int] | None = None
+        self._history: dict[int, deque[Sample]] = {}
+        self._subscribers: list[Subscriber] = []
+        self._lock = threading.Lock()
+
+    def add(self, samples: Iterable[Sample]) -> None:
+        batch = list(samples)
+        if not batch:
+            return
+        with self._lock:
+            for sample in batch:
+                rank = int(sample["rank"])
+                history = self._history.get(rank)
+                if history is None:
+                    history = self._history[rank] = deque(maxlen=self.max_samples_per_rank)
+                history.append(sample)
+            subscribers = list(self._subscribers)
+        for callback in subscribers:
+            try:
+                callback(batch)
+            except Exception:  # one broken chart must not starve the others
+                log.exception("memory subscriber %r failed", callback)
+
+    def set_estimate(self, per_rank: dict[int, int] | None) -> None:
+        """Set the dashed line: total bytes per rank, as `mpnb.estimate(...).by_rank()` gives.
+
+        Engines send it for each new Trainer; set it by hand for a model they cannot
+        estimate (a pipeline stage). Open charts pick it up with their next batch.
+        """
+        self.estimate = dict(per_rank) if per_rank else None
+
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+        """Call `callback(batch)` for every new batch; returns the function that unsubscribes."""
+        with self._lock:
+            self._subscribers.append(callback)
+
+        def unsubscribe() -> None:
+            with self._lock, contextlib.suppress(ValueError):
+                self._subscribers.remove(callback)
+
+        return unsubscribe
+
+    def ranks(self) -> list[int]:
+        with self._lock:
+            return sorted(self._history)
+
+    def samples(self, rank: int | None = None, since: float | None = None) -> list[Sample]:
+        """Samples in time order, for one rank or all, optionally only those at or after `since`."""
+        with self._lock:
+            histories = [self._history.get(rank, ())] if rank is not None else list(self._history.values())
+            out = [s for h in histories for s in h if since is None or s["t"] >= since]
+        out.sort(key=lambda s: s["t"])
+        return out
+
+    def latest(self) -> dict[int, Sample]:
+        with self._lock:
+            return {rank: h[-1] for rank, h in self._history.items() if h}
+
+    def capacity(self) -> int:
+        """The largest device capacity the ranks last reported, 0 if unknown."""
+        return max((int(s.get("capacity") or 0) for s in self.latest().values()), default=0)
+
+    def peaks(self, since: float | None = None) -> dict[int, dict[str, int]]:
+        """Per rank, the largest value seen for each category (each on its own, not summed)."""
+        out: dict[int, dict[str, int]] = {}
+        for sample in self.samples(since=since):
+            row = out.setdefault(int(sample["rank"]), {"samples": 0})
+            row["samples"] += 1
+            for key in PEAK_KEYS:
+                value = sample.get(key)
+                if value is not None:
+                    row[key] = max(row.get(key, 0), int(value))
+        return out
+
+    def clear(self) -> None:
+        with self._lock:
+            self._history.clear()
