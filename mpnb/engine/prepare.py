@@ -17,11 +17,21 @@ import torch.distributed as dist
 from torch import nn
 
 from mpnb.engine import state
-from mpnb.engine.strategies import STRATEGY_MODULES
 from mpnb.engine.strategies.common import EngineContext
 from mpnb.engine.trainer import LossFn, Trainer
 from mpnb.errors import ConfigError, MpnbError
 from mpnb.planning.config import Config
+from mpnb.planning.estimator import estimate
+from mpnb.planning.parallel_dims import ParallelDims, Strategy
+
+# the module whose `prepare(model, optimizer, config, dims, ctx, loss_fn)` applies each strategy
+STRATEGY_MODULES: dict[Strategy, str] = {
+    Strategy.DDP: "mpnb.engine.strategies.ddp",
+    Strategy.FSDP: "mpnb.engine.strategies.fsdp",
+    Strategy.ZERO: "mpnb.engine.strategies.zero",
+    Strategy.PIPELINE: "mpnb.engine.strategies.pipeline",
+    Strategy.TENSOR: "mpnb.engine.strategies.tensor",
+}
 
 
 def prepare(
@@ -45,16 +55,17 @@ def prepare(
     if not isinstance(model, nn.Module):
         raise MpnbError(f"mpnb.prepare needs a torch.nn.Module, got {type(model).__name__}.")
     cfg.validate(ctx.world_size, ctx.device.type)
-    if not ctx.distributed and cfg.strategy != "ddp":
+    dims = ParallelDims.from_config(cfg, ctx.world_size)
+    if not ctx.distributed and cfg.strategy != Strategy.DDP:
         raise MpnbError(
             f"strategy={cfg.strategy} needs a process group, and this process has none. Run the cell on "
             "the cluster (`%mpnb start`, then `%%distributed`), or use strategy=ddp to train in one process."
         )
     if optimizer is None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    module = importlib.import_module(STRATEGY_MODULES[cfg.strategy])
+    module = importlib.import_module(STRATEGY_MODULES[Strategy(cfg.strategy)])
     estimated = _estimate_totals(model, cfg, ctx.world_size)  # while the model is still whole
-    trainer = module.prepare(model, optimizer, cfg, ctx, loss_fn)
+    trainer = module.prepare(model, optimizer, cfg, dims, ctx, loss_fn)
     trainer.estimated_totals = estimated
     state.set_active_trainer(trainer)
     return trainer
@@ -62,8 +73,6 @@ def prepare(
 
 def _estimate_totals(model: nn.Module, cfg: Config, world_size: int) -> dict[int, int] | None:
     """Per-rank bytes `mpnb.estimate` predicts; None where it cannot read the model (no line drawn)."""
-    from mpnb.planning.estimator import estimate
-
     try:
         return estimate(model, cfg, world_size).by_rank()
     except Exception:  # an estimate is a nicety: never fail a prepare over it

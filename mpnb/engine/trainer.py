@@ -27,9 +27,16 @@ import torch.distributed as dist
 from torch import nn
 
 from mpnb.errors import MpnbError
+from mpnb.planning.config import Config
+from mpnb.planning.parallel_dims import ParallelDims
 
 Batch = tuple[Any, Any]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def low_precision_dtype(precision: str) -> torch.dtype | None:
+    """The 16-bit compute dtype of `Config.precision`; None for fp32."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
 
 def cross_entropy(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -108,7 +115,10 @@ class Trainer:
 
     Attributes: `model` (the wrapped model: DDP, FSDP2-sharded, TP-parallelised,
     a DeepSpeed engine, or this rank's pipeline stage), `optimizer`, `config`
-    (the `mpnb.Config` applied), `loss_fn`, `steps` (optimizer steps taken).
+    (the `mpnb.Config` applied), `dims` (its `ParallelDims` on this world),
+    `loss_fn`, `steps` (optimizer steps taken). `autocast_dtype` is the dtype
+    the forward runs under `torch.autocast` in, None for none: strategies whose
+    wrapper casts by itself (FSDP2's MixedPrecisionPolicy, DeepSpeed) pass None.
     """
 
     strategy = "local"
@@ -117,26 +127,28 @@ class Trainer:
         self,
         model: nn.Module,
         optimizer: torch.optim.Optimizer | None,
-        config: Any,
+        config: Config,
+        dims: ParallelDims,
         loss_fn: LossFn | None = None,
         *,
         device: torch.device | None = None,
         dp_rank: int = 0,
-        dp_size: int = 1,
         dp_group: dist.ProcessGroup | None = None,
+        autocast_dtype: torch.dtype | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.config = config
+        self.dims = dims
         self.loss_fn: LossFn = loss_fn or cross_entropy
         self.device = device or torch.device("cpu")
-        self.dp_rank, self.dp_size, self.dp_group = dp_rank, dp_size, dp_group
+        self.dp_rank, self.dp_size, self.dp_group = dp_rank, dims.dp, dp_group
         self.steps = 0
         # {rank: bytes} mpnb.estimate predicts for the whole model under `config` (set by prepare,
         # which sees the model before it is sharded or split); the memory chart's dashed line
         self.estimated_totals: dict[int, int] | None = None
         self._grad_bytes_at_backward = 0
-        self._autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.precision)
+        self.autocast_dtype = autocast_dtype
         self._scaler = torch.amp.GradScaler(self.device.type) if config.precision == "fp16" else None
 
     # ---- data ------------------------------------------------------------------------------------
@@ -171,9 +183,9 @@ class Trainer:
         return self._global_mean(local)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        if self._autocast_dtype is None:
+        if self.autocast_dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self._autocast_dtype)
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def _no_sync(self, sync: bool) -> contextlib.AbstractContextManager:
         """Skip the gradient all-reduce on all but the last accumulation micro-step (DDP, FSDP2)."""
@@ -262,7 +274,7 @@ class Trainer:
             "strategy": self.strategy,
         }
         if self.optimizer is not None:
-            sd["optimizer"] = _to_cpu(get_optimizer_state_dict(self.model, self.optimizer, options=opts))
+            sd["optimizer"] = to_cpu(get_optimizer_state_dict(self.model, self.optimizer, options=opts))
         return sd
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -283,11 +295,12 @@ class Trainer:
         return f"<mpnb.Trainer {self.strategy} dp={self.dp_rank}/{self.dp_size} steps={self.steps}>"
 
 
-def _to_cpu(x: Any) -> Any:
+def to_cpu(x: Any) -> Any:
+    """Detached CPU copies of the tensors in `x` (nested dicts, lists, tuples), for a state dict."""
     if torch.is_tensor(x):
         return x.detach().cpu()
     if isinstance(x, dict):
-        return {k: _to_cpu(v) for k, v in x.items()}
+        return {k: to_cpu(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return type(x)(_to_cpu(v) for v in x)
+        return type(x)(to_cpu(v) for v in x)
     return x

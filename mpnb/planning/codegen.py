@@ -10,10 +10,12 @@ then data parallel, as in torchtitan), not mpnb's source. It assumes `model`
 from __future__ import annotations
 
 import pprint
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import replace
 
-if TYPE_CHECKING:
-    from mpnb.planning.config import Config
+from mpnb.planning.ds_config import to_ds_config
+from mpnb.planning.parallel_dims import ParallelDims, Strategy
+from mpnb.planning.settings import Settings
 
 # The built-in tensor-parallel plan for mpnb.models.GPT blocks (Megatron: column then row).
 DEFAULT_TENSOR_PLAN = {
@@ -23,22 +25,12 @@ DEFAULT_TENSOR_PLAN = {
     "mlp.proj": "rowwise",
 }
 
-# Layer-name suffixes whose Linear layers mpnb's default tensor-parallel plan splits, and how
-# (the engine's tensor strategy and the estimator both follow this list).
-KNOWN_TENSOR_STYLES = {
-    "attn.qkv": "colwise", "attn.proj": "rowwise",  # mpnb.models.GPT
-    "mlp.fc": "colwise", "mlp.proj": "rowwise",
-    "q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "o_proj": "rowwise",  # Llama style
-    "out_proj": "rowwise",
-    "up_proj": "colwise", "gate_proj": "colwise", "down_proj": "rowwise",
-    "fc1": "colwise", "fc2": "rowwise",
-}
-
 _DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16", "fp16": "torch.float16"}
 
 
-def config_code(cfg: Config, world_size: int, device_kind: str = "cuda") -> str:
-    dp = cfg.data_parallel(world_size)
+def config_code(cfg: Settings, world_size: int, device_kind: str = "cuda") -> str:
+    """The script for `cfg` on `world_size` ranks of `device_kind`; `Config.to_code` has validated `cfg`."""
+    dims = ParallelDims.from_config(cfg, world_size)
     backend = "nccl" if device_kind == "cuda" else "gloo"
     head = [
         f"# {cfg.summary(world_size)} on {world_size} ranks: what mpnb.prepare(model, optimizer) runs.",
@@ -58,17 +50,11 @@ def config_code(cfg: Config, world_size: int, device_kind: str = "cuda") -> str:
     else:
         head += ['device = torch.device("cpu")']
     head.append("model = model.to(device)")
-    body = {
-        "ddp": _ddp,
-        "fsdp": _fsdp,
-        "zero": _zero,
-        "pipeline": _pipeline,
-        "tensor": _tensor,
-    }[cfg.strategy](cfg, world_size, dp, device_kind)
+    body = _BODIES[Strategy(cfg.strategy)](cfg, dims, device_kind)
     return "\n".join([*head, "", *body]) + "\n"
 
 
-def _checkpointing(cfg: Config) -> list[str]:
+def _checkpointing(cfg: Settings) -> list[str]:
     """Activation checkpointing comes after the model split and before data-parallel wrapping."""
     if not cfg.activation_checkpointing:
         return []
@@ -80,13 +66,13 @@ def _checkpointing(cfg: Config) -> list[str]:
     ]
 
 
-def _autocast(cfg: Config, device_kind: str) -> str | None:
+def _autocast(cfg: Settings, device_kind: str) -> str | None:
     if cfg.precision == "fp32":
         return None
     return f'torch.autocast("{device_kind}", dtype={_DTYPES[cfg.precision]})'
 
 
-def _loop(cfg: Config, device_kind: str, *, forward: str = "model(inputs)") -> list[str]:
+def _loop(cfg: Settings, device_kind: str, *, forward: str = "model(inputs)") -> list[str]:
     """A training loop with gradient accumulation and optional autocast."""
     cast = _autocast(cfg, device_kind)
     lines = [
@@ -108,7 +94,7 @@ def _loop(cfg: Config, device_kind: str, *, forward: str = "model(inputs)") -> l
     return lines
 
 
-def _ddp(cfg: Config, world_size: int, dp: int, device_kind: str) -> list[str]:
+def _ddp(cfg: Settings, dims: ParallelDims, device_kind: str) -> list[str]:
     ids = "device_ids=[0]" if device_kind == "cuda" else ""
     return [
         "# DDP: every rank keeps the whole model, gradients are all-reduced in buckets during backward",
@@ -121,7 +107,7 @@ def _ddp(cfg: Config, world_size: int, dp: int, device_kind: str) -> list[str]:
     ]
 
 
-def _fsdp_shard_lines(cfg: Config, mesh: str) -> list[str]:
+def _fsdp_shard_lines(cfg: Settings, mesh: str) -> list[str]:
     args = [f"mesh={mesh}", f"reshard_after_forward={cfg.reshard_after_forward}"]
     lines = []
     if cfg.precision != "fp32":  # compute in 16 bits, keep fp32 shards and reduce gradients in fp32
@@ -147,32 +133,32 @@ def _fsdp_shard_lines(cfg: Config, mesh: str) -> list[str]:
     return lines
 
 
-def _fsdp_imports(cfg: Config) -> str:
+def _fsdp_imports(cfg: Settings) -> str:
     names = ["MixedPrecisionPolicy", "fully_shard"]
     if cfg.offload == "parameters":
         names.insert(0, "CPUOffloadPolicy")
     return f"from torch.distributed.fsdp import {', '.join(names)}"
 
 
-def _fsdp(cfg: Config, world_size: int, dp: int, device_kind: str) -> list[str]:
+def _fsdp(cfg: Settings, dims: ParallelDims, device_kind: str) -> list[str]:
     return [
         "# FSDP2: parameters, gradients and optimizer state are sharded across ranks (ZeRO-3 like);",
         "# each block's parameters are all-gathered just before it runs and freed after",
         "from torch.distributed.device_mesh import init_device_mesh",
         _fsdp_imports(cfg),
         "",
-        f'mesh = init_device_mesh("{device_kind}", ({world_size},))',
+        f'mesh = init_device_mesh("{device_kind}", ({dims.world},))',
         *_checkpointing(cfg),
         *_fsdp_shard_lines(cfg, "mesh"),
         "optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)  # sees only this rank's shards",
         "",
         # FSDP2 handles mixed precision itself, so the loop needs no autocast
-        *_loop(cfg.update(precision="fp32"), device_kind),
+        *_loop(replace(cfg, precision="fp32"), device_kind),
     ]
 
 
-def _zero(cfg: Config, world_size: int, dp: int, device_kind: str) -> list[str]:
-    ds_config = pprint.pformat(cfg.to_deepspeed(world_size), indent=1, width=100, sort_dicts=False)
+def _zero(cfg: Settings, dims: ParallelDims, device_kind: str) -> list[str]:
+    ds_config = pprint.pformat(to_ds_config(cfg, dims.world), indent=1, width=100, sort_dicts=False)
     what = {
         0: "stage 0: plain data parallelism, nothing sharded",
         1: "stage 1: optimizer state sharded across ranks",
@@ -196,8 +182,8 @@ def _zero(cfg: Config, world_size: int, dp: int, device_kind: str) -> list[str]:
     ]
 
 
-def _pipeline(cfg: Config, world_size: int, dp: int, device_kind: str) -> list[str]:
-    pp = cfg.pipeline_stages
+def _pipeline(cfg: Settings, dims: ParallelDims, device_kind: str) -> list[str]:
+    pp, dp = dims.pp, dims.dp
     schedule = "Schedule1F1B" if cfg.pipeline_schedule == "1f1b" else "ScheduleGPipe"
     if cfg.pipeline_split_points:
         split = [f"# stages start at: {', '.join(cfg.pipeline_split_points)}"]
@@ -248,8 +234,8 @@ def _pipeline(cfg: Config, world_size: int, dp: int, device_kind: str) -> list[s
     return lines
 
 
-def _tensor(cfg: Config, world_size: int, dp: int, device_kind: str) -> list[str]:
-    tp = cfg.tensor_parallel
+def _tensor(cfg: Settings, dims: ParallelDims, device_kind: str) -> list[str]:
+    tp, dp = dims.tp, dims.dp
     styles = {"colwise": "ColwiseParallel()", "rowwise": "RowwiseParallel()"}
     if cfg.tensor_plan:
         plan_lines = [f"    {name!r}: {styles[style]}," for name, style in cfg.tensor_plan.items()]
@@ -281,7 +267,7 @@ def _tensor(cfg: Config, world_size: int, dp: int, device_kind: str) -> list[str
     if dp > 1:
         lines += [f"# {dp} data-parallel groups: shard the tensor-parallel model further with FSDP2"]
         lines += _fsdp_shard_lines(cfg, 'mesh["dp"]')
-        loop_cfg = cfg.update(precision="fp32")  # FSDP2's MixedPrecisionPolicy casts
+        loop_cfg = replace(cfg, precision="fp32")  # FSDP2's MixedPrecisionPolicy casts
     lines += [
         "optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)",
         "",
@@ -289,3 +275,12 @@ def _tensor(cfg: Config, world_size: int, dp: int, device_kind: str) -> list[str
         *_loop(loop_cfg, device_kind),
     ]
     return lines
+
+
+_BODIES: dict[Strategy, Callable[[Settings, ParallelDims, str], list[str]]] = {
+    Strategy.DDP: _ddp,
+    Strategy.FSDP: _fsdp,
+    Strategy.ZERO: _zero,
+    Strategy.PIPELINE: _pipeline,
+    Strategy.TENSOR: _tensor,
+}

@@ -1,4 +1,9 @@
-"""Pieces every strategy needs: where this rank sits, the device mesh, blocks, optimizers."""
+"""Pieces every strategy needs: where this rank sits, optimizers over new parameters, checkpointing.
+
+Which modules are the repeated blocks (FSDP units, checkpointed blocks,
+pipeline cuts) is decided in `mpnb.planning.model_shape`, the same functions
+the estimator reads; the device mesh comes from `ParallelDims.build_mesh`.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mpnb.errors import MpnbError
+from mpnb.engine.trainer import LossFn, Trainer
+from mpnb.planning.config import Config
+from mpnb.planning.model_shape import block_modules
+from mpnb.planning.parallel_dims import ParallelDims
 
 
 @dataclass
@@ -25,49 +33,6 @@ class EngineContext:
     @property
     def distributed(self) -> bool:
         return dist.is_available() and dist.is_initialized()
-
-
-def build_mesh(ctx: EngineContext, *, pp: int = 1, dp: int = 1, tp: int = 1) -> Any:
-    """A device mesh with named dims ("pp", "dp", "tp"), pipeline outermost as in torchtitan.
-
-    Tensor-parallel ranks are neighbours (their collectives run every layer),
-    pipeline stages are furthest apart (they exchange one activation per microbatch).
-    """
-    from torch.distributed.device_mesh import init_device_mesh
-
-    assert pp * dp * tp == ctx.world_size, (pp, dp, tp, ctx.world_size)
-    return init_device_mesh(ctx.device.type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
-
-
-def find_blocks(model: nn.Module) -> tuple[str, nn.Module] | None:
-    """The model's repeated blocks: (name, container) of its largest ModuleList/Sequential of one class.
-
-    GPT-style models keep their transformer blocks in one such container
-    (`blocks`, `layers`, `h`, `transformer.h`); FSDP shards one unit per block
-    and the pipeline splitter cuts between blocks.
-    """
-    best: tuple[str, nn.Module] | None = None
-    for name, module in model.named_modules():
-        # ModuleDict too: a pipeline stage keeps its blocks in one, keyed by their original index
-        if isinstance(module, (nn.ModuleList, nn.Sequential, nn.ModuleDict)) and len(module) >= 2:
-            classes = {type(m) for m in module.children()}
-            if len(classes) == 1 and (best is None or len(module) > len(best[1])):
-                best = (name, module)
-    return best
-
-
-def modules_by_class(model: nn.Module, class_names: list[str]) -> list[nn.Module]:
-    """Submodules whose class name is one of `class_names`; unknown names -> MpnbError with close ones."""
-    present = {type(m).__name__ for m in model.modules()}
-    missing = [c for c in class_names if c not in present]
-    if missing:
-        hints = {c: difflib.get_close_matches(c, present, n=3) for c in missing}
-        raise MpnbError(
-            "fsdp_wrap names module classes this model does not have: "
-            + "; ".join(f"{c!r} (close: {', '.join(h) or 'none'})" for c, h in hints.items())
-            + f". Classes in the model: {', '.join(sorted(present))}."
-        )
-    return [m for m in model.modules() if type(m).__name__ in class_names]
 
 
 def close_names(name: str, names: list[str], n: int = 3) -> str:
@@ -115,7 +80,38 @@ def apply_activation_checkpointing(model: nn.Module) -> None:
     """
     from torch.distributed._composable import checkpoint
 
-    found = find_blocks(model)
-    targets = list(found[1].children()) if found else [model]
-    for block in targets:
+    for block in block_modules(model) or [model]:
         checkpoint(block)
+
+
+def trainer_on_mesh(
+    trainer_cls: type[Trainer],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    names: dict[int, str],
+    mesh: Any,
+    config: Config,
+    dims: ParallelDims,
+    ctx: EngineContext,
+    loss_fn: LossFn | None,
+    *,
+    autocast_dtype: torch.dtype | None,
+    **extra: Any,
+) -> Trainer:
+    """A `trainer_cls` over `model` whose data-parallel rank and group are the mesh's "dp" dim.
+
+    The optimizer is rebuilt over the model's current (sharded, split) parameters,
+    matched by the names they had before (`names`, from `parameter_names`).
+    """
+    return trainer_cls(
+        model,
+        rebuild_optimizer(optimizer, names, model),
+        config,
+        dims,
+        loss_fn,
+        device=ctx.device,
+        dp_rank=mesh["dp"].get_local_rank(),
+        dp_group=mesh["dp"].get_group(),
+        autocast_dtype=autocast_dtype,
+        **extra,
+    )

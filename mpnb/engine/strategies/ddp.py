@@ -11,14 +11,15 @@ plain SGD. Gradients are views into DDP's communication buckets
 from __future__ import annotations
 
 import contextlib
-from typing import Any
 
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 
 from mpnb.engine.strategies.common import EngineContext, apply_activation_checkpointing
-from mpnb.engine.trainer import LossFn, Trainer
+from mpnb.engine.trainer import LossFn, Trainer, low_precision_dtype
+from mpnb.planning.config import Config
+from mpnb.planning.parallel_dims import ParallelDims
 
 
 class DDPTrainer(Trainer):
@@ -31,18 +32,33 @@ class DDPTrainer(Trainer):
 
 
 def prepare(
-    model: nn.Module, optimizer: Optimizer, config: Any, ctx: EngineContext, loss_fn: LossFn | None
+    model: nn.Module,
+    optimizer: Optimizer,
+    config: Config,
+    dims: ParallelDims,
+    ctx: EngineContext,
+    loss_fn: LossFn | None,
 ) -> Trainer:
     model.to(ctx.device)
     if config.activation_checkpointing:
         apply_activation_checkpointing(model)
+    autocast_dtype = low_precision_dtype(config.precision)
     if not ctx.distributed:  # one process, no process group: train the model as it is
-        return DDPTrainer(model, optimizer, config, loss_fn, device=ctx.device)
+        return DDPTrainer(
+            model, optimizer, config, dims, loss_fn, device=ctx.device, autocast_dtype=autocast_dtype
+        )
     ddp = DistributedDataParallel(
         model,
         device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
         gradient_as_bucket_view=True,
     )
     return DDPTrainer(
-        ddp, optimizer, config, loss_fn, device=ctx.device, dp_rank=ctx.rank, dp_size=ctx.world_size
+        ddp,
+        optimizer,
+        config,
+        dims,
+        loss_fn,
+        device=ctx.device,
+        dp_rank=ctx.rank,
+        autocast_dtype=autocast_dtype,
     )

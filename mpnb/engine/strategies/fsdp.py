@@ -22,14 +22,14 @@ from torch.optim import Optimizer
 from mpnb.engine.strategies.common import (
     EngineContext,
     apply_activation_checkpointing,
-    build_mesh,
-    find_blocks,
-    modules_by_class,
     parameter_names,
-    rebuild_optimizer,
+    trainer_on_mesh,
 )
-from mpnb.engine.trainer import LossFn, Trainer
+from mpnb.engine.trainer import LossFn, Trainer, low_precision_dtype
 from mpnb.errors import MpnbError
+from mpnb.planning.config import Config
+from mpnb.planning.model_shape import shard_units
+from mpnb.planning.parallel_dims import ParallelDims
 
 
 class FSDPTrainer(Trainer):
@@ -41,32 +41,29 @@ class FSDPTrainer(Trainer):
         return contextlib.nullcontext()
 
 
-def shard_units(model: nn.Module, config: Any) -> list[nn.Module]:
-    """The modules to shard one by one: `config.fsdp_wrap` classes, else the repeated blocks."""
-    if config.fsdp_wrap:
-        return modules_by_class(model, list(config.fsdp_wrap))
-    found = find_blocks(model)
-    return list(found[1].children()) if found else []
-
-
-def apply_fsdp(model: nn.Module, dp_mesh: Any, config: Any) -> nn.Module:
-    """Shard `model` over `dp_mesh` (a 1-D mesh, or the dp dim of a 2-D mesh for tensor x data)."""
+def apply_fsdp(model: nn.Module, dp_mesh: Any, config: Config) -> nn.Module:
+    """Shard `model` over `dp_mesh` (the dp dim of the mesh): each unit of `shard_units`, then the root."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     kwargs: dict[str, Any] = {"mesh": dp_mesh, "reshard_after_forward": config.reshard_after_forward}
-    low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.precision)
+    low = low_precision_dtype(config.precision)
     if low is not None:  # compute in low precision, keep fp32 shards and reduce gradients in fp32
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
     if config.offload == "parameters":
         kwargs["offload_policy"] = CPUOffloadPolicy()
-    for unit in shard_units(model, config):
+    for unit in shard_units(model, list(config.fsdp_wrap)):
         fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)
     return model
 
 
 def prepare(
-    model: nn.Module, optimizer: Optimizer, config: Any, ctx: EngineContext, loss_fn: LossFn | None
+    model: nn.Module,
+    optimizer: Optimizer,
+    config: Config,
+    dims: ParallelDims,
+    ctx: EngineContext,
+    loss_fn: LossFn | None,
 ) -> Trainer:
     if config.offload == "parameters" and ctx.device.type == "cpu":
         raise MpnbError(
@@ -79,17 +76,8 @@ def prepare(
         model.to(ctx.device)
     if config.activation_checkpointing:
         apply_activation_checkpointing(model)
-    mesh = build_mesh(ctx, dp=ctx.world_size)
+    mesh = dims.build_mesh(ctx.device.type)
     apply_fsdp(model, mesh["dp"], config)
-    trainer = FSDPTrainer(
-        model,
-        rebuild_optimizer(optimizer, names, model),
-        config,
-        loss_fn,
-        device=ctx.device,
-        dp_rank=mesh["dp"].get_local_rank(),
-        dp_size=ctx.world_size,
-        dp_group=mesh["dp"].get_group(),
-    )
-    trainer._autocast_dtype = None  # FSDP2's MixedPrecisionPolicy casts; autocast on top would double it
-    return trainer
+    # FSDP2's MixedPrecisionPolicy casts; autocast on top would cast twice
+    return trainer_on_mesh(FSDPTrainer, model, optimizer, names, mesh, config, dims, ctx, loss_fn,
+                           autocast_dtype=None)

@@ -37,15 +37,16 @@ from torch.optim import Optimizer
 from mpnb.engine.strategies.common import (
     EngineContext,
     apply_activation_checkpointing,
-    build_mesh,
     close_names,
-    find_blocks,
     parameter_names,
-    rebuild_optimizer,
+    trainer_on_mesh,
 )
 from mpnb.engine.strategies.fsdp import apply_fsdp
-from mpnb.engine.trainer import LossFn, Trainer, _to_cpu, cross_entropy
+from mpnb.engine.trainer import LossFn, Trainer, cross_entropy, low_precision_dtype, to_cpu
 from mpnb.errors import MpnbError
+from mpnb.planning.config import Config
+from mpnb.planning.model_shape import even_stage_starts, find_blocks
+from mpnb.planning.parallel_dims import ParallelDims
 
 
 # ---- splitting --------------------------------------------------------------------------------------
@@ -57,7 +58,7 @@ def stage_boundaries(names: list[str], pp: int, split_points: list[str], owner: 
             f"one. Use pipeline_stages <= {len(names)}."
         )
     if not split_points:
-        return [i * len(names) // pp for i in range(pp)]
+        return even_stage_starts(len(names), pp)
     starts = [0]
     for point in split_points:
         if point not in names:
@@ -113,18 +114,18 @@ class PipelineTrainer(Trainer):
         self,
         model: nn.Module,
         optimizer: Optimizer,
-        config: Any,
+        config: Config,
+        dims: ParallelDims,
         loss_fn: LossFn | None,
         *,
         schedule: Any,
         stage_index: int,
-        num_stages: int,
         pp_group: Any,
         **kw: Any,
     ) -> None:
-        super().__init__(model, optimizer, config, loss_fn, **kw)
+        super().__init__(model, optimizer, config, dims, loss_fn, **kw)
         self.schedule = schedule
-        self.stage_index, self.num_stages, self.pp_group = stage_index, num_stages, pp_group
+        self.stage_index, self.num_stages, self.pp_group = stage_index, dims.pp, pp_group
         self._scaler = None  # pipelining runs its own backward; fp16 loss scaling is not wired here
 
     @property
@@ -199,7 +200,7 @@ class PipelineTrainer(Trainer):
         opt = sd.get("optimizer") or {}
         local = {
             "model": {k: v for k, v in sd["model"].items() if k in mine},
-            "optimizer": _to_cpu(
+            "optimizer": to_cpu(
                 {
                     "state": {k: v for k, v in opt.get("state", {}).items() if k in mine},
                     "param_groups": [
@@ -216,17 +217,22 @@ class PipelineTrainer(Trainer):
 
 
 def prepare(
-    model: nn.Module, optimizer: Optimizer, config: Any, ctx: EngineContext, loss_fn: LossFn | None
+    model: nn.Module,
+    optimizer: Optimizer,
+    config: Config,
+    dims: ParallelDims,
+    ctx: EngineContext,
+    loss_fn: LossFn | None,
 ) -> Trainer:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-    pp = config.pipeline_stages
-    dp = ctx.world_size // pp
+
+    pp = dims.pp
     if config.grad_accum_steps != 1:
         raise MpnbError(
             "strategy=pipeline accumulates over its microbatches already; set grad_accum_steps=1 "
             "and raise microbatches (or micro_batch_size) instead."
         )
-    stage_index = ctx.rank // dp  # pipeline outermost in the mesh: ranks [s*dp, (s+1)*dp) hold stage s
+    stage_index = dims.stage_of(ctx.rank)
     names = parameter_names(model)
     stage_module = split_model(
         model, pp, stage_index, list(config.pipeline_split_points)
@@ -234,24 +240,15 @@ def prepare(
     stage_module.to(ctx.device)
     if config.activation_checkpointing:
         apply_activation_checkpointing(stage_module)
-    mesh = build_mesh(ctx, pp=pp, dp=dp)
+    mesh = dims.build_mesh(ctx.device.type)
     wrapped: nn.Module = stage_module
-    if dp > 1:
-        wrapped = apply_fsdp(stage_module, mesh["dp"], config)
+    if dims.dp > 1:
+        wrapped = apply_fsdp(stage_module, mesh["dp"], config)  # shards in place: the same module
     stage = PipelineStage(wrapped, stage_index, pp, ctx.device, group=mesh["pp"].get_group())
     schedule_cls = Schedule1F1B if config.pipeline_schedule == "1f1b" else ScheduleGPipe
     schedule = schedule_cls(stage, n_microbatches=config.microbatches, loss_fn=loss_fn or cross_entropy)
-    return PipelineTrainer(
-        wrapped,
-        rebuild_optimizer(optimizer, names, stage_module),
-        config,
-        loss_fn,
-        schedule=schedule,
-        stage_index=stage_index,
-        num_stages=pp,
-        pp_group=mesh["pp"].get_group(),
-        device=ctx.device,
-        dp_rank=mesh["dp"].get_local_rank(),
-        dp_size=dp,
-        dp_group=mesh["dp"].get_group(),
+    return trainer_on_mesh(
+        PipelineTrainer, wrapped, optimizer, names, mesh, config, dims, ctx, loss_fn,
+        autocast_dtype=low_precision_dtype(config.precision),
+        schedule=schedule, stage_index=stage_index, pp_group=mesh["pp"].get_group(),
     )

@@ -23,15 +23,16 @@ from torch.optim import Optimizer
 from mpnb.engine.strategies.common import (
     EngineContext,
     apply_activation_checkpointing,
-    build_mesh,
     close_names,
     parameter_names,
-    rebuild_optimizer,
+    trainer_on_mesh,
 )
 from mpnb.engine.strategies.fsdp import FSDPTrainer, apply_fsdp
-from mpnb.engine.trainer import LossFn, Trainer
+from mpnb.engine.trainer import LossFn, Trainer, low_precision_dtype
 from mpnb.errors import MpnbError
-from mpnb.planning.codegen import KNOWN_TENSOR_STYLES  # torch-free: the kernel's estimator reads it too
+from mpnb.planning.config import Config
+from mpnb.planning.model_shape import default_tensor_plan
+from mpnb.planning.parallel_dims import TENSOR_STYLES, ParallelDims
 
 _HEAD_ATTRS = ("n_head", "num_heads", "num_attention_heads", "num_key_value_heads")
 
@@ -41,22 +42,11 @@ class TensorTrainer(FSDPTrainer):
 
 
 def default_plan(model: nn.Module) -> dict[str, str]:
-    """Colwise/rowwise styles for known attention and MLP layers, or Linear pairs of a Sequential."""
-    plan: dict[str, str] = {}
-    for name, module in model.named_modules():
-        if not isinstance(module, nn.Linear):
-            continue
-        for suffix, style in KNOWN_TENSOR_STYLES.items():
-            if name == suffix or name.endswith("." + suffix):
-                plan[name] = style
-                break
-    if plan:
-        return plan
-    if isinstance(model, nn.Sequential):  # Linear, act, Linear, ...: pair them colwise -> rowwise
-        linears = [name for name, m in model.named_children() if isinstance(m, nn.Linear)]
-        for first, second in zip(linears[0::2], linears[1::2], strict=False):
-            plan[first], plan[second] = "colwise", "rowwise"
-    return plan
+    """Colwise/rowwise styles for known attention and MLP layers, or Linear pairs of a Sequential.
+
+    The estimator reads the same plan (`mpnb.planning.model_shape.default_tensor_plan`).
+    """
+    return default_tensor_plan(model)
 
 
 def check_plan(model: nn.Module, plan: dict[str, str], tp: int) -> dict[str, str]:
@@ -70,7 +60,7 @@ def check_plan(model: nn.Module, plan: dict[str, str], tp: int) -> dict[str, str
     modules = dict(model.named_modules())
     names = [n for n in modules if n]
     for pattern, style in plan.items():
-        if style not in ("colwise", "rowwise"):
+        if style not in TENSOR_STYLES:
             raise MpnbError(f"tensor_plan[{pattern!r}] = {style!r}: use 'colwise' or 'rowwise'.")
         matched = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
         if not matched:
@@ -121,29 +111,24 @@ def _has_colwise_child(module: nn.Module, plan: dict[str, str], root: nn.Module)
 
 
 def prepare(
-    model: nn.Module, optimizer: Optimizer, config: Any, ctx: EngineContext, loss_fn: LossFn | None
+    model: nn.Module,
+    optimizer: Optimizer,
+    config: Config,
+    dims: ParallelDims,
+    ctx: EngineContext,
+    loss_fn: LossFn | None,
 ) -> Trainer:
-    tp = config.tensor_parallel
-    dp = ctx.world_size // tp
-    plan = check_plan(model, dict(config.tensor_plan) or default_plan(model), tp)  # before any collective
+    # checked before any collective, so every rank fails the same way
+    plan = check_plan(model, dict(config.tensor_plan) or default_plan(model), dims.tp)
     names = parameter_names(model)
     model.to(ctx.device)
-    mesh = build_mesh(ctx, dp=dp, tp=tp)
+    mesh = dims.build_mesh(ctx.device.type)
     apply_tensor_parallel(model, mesh["tp"], plan)
     if config.activation_checkpointing:
         apply_activation_checkpointing(model)
-    if dp > 1:
+    autocast_dtype = low_precision_dtype(config.precision)
+    if dims.dp > 1:
         apply_fsdp(model, mesh["dp"], config)
-    trainer = TensorTrainer(
-        model,
-        rebuild_optimizer(optimizer, names, model),
-        config,
-        loss_fn,
-        device=ctx.device,
-        dp_rank=mesh["dp"].get_local_rank(),
-        dp_size=dp,
-        dp_group=mesh["dp"].get_group(),
-    )
-    if dp > 1:
-        trainer._autocast_dtype = None  # FSDP2's MixedPrecisionPolicy does the casting
-    return trainer
+        autocast_dtype = None  # FSDP2's MixedPrecisionPolicy does the casting
+    return trainer_on_mesh(TensorTrainer, model, optimizer, names, mesh, config, dims, ctx, loss_fn,
+                           autocast_dtype=autocast_dtype)

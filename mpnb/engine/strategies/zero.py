@@ -37,11 +37,21 @@ from torch import nn
 from torch.optim import Optimizer
 
 from mpnb.engine.strategies.common import EngineContext, apply_activation_checkpointing
-from mpnb.engine.trainer import LossFn, Trainer, call_model, move, optimizer_state_bytes, tensor_bytes
+from mpnb.engine.trainer import (
+    LossFn,
+    Trainer,
+    call_model,
+    low_precision_dtype,
+    move,
+    optimizer_state_bytes,
+    tensor_bytes,
+)
 from mpnb.errors import MpnbError
+from mpnb.planning.config import Config
+from mpnb.planning.parallel_dims import ParallelDims
 
 
-def deepspeed_config(config: Any, world_size: int) -> dict[str, Any]:
+def deepspeed_config(config: Config, world_size: int) -> dict[str, Any]:
     ds = config.to_deepspeed(world_size)
     zero = ds.setdefault("zero_optimization", {})
     zero["stage3_param_persistence_threshold"] = 0
@@ -60,11 +70,19 @@ def deepspeed_config(config: Any, world_size: int) -> dict[str, Any]:
 class ZeroTrainer(Trainer):
     strategy = "zero"
 
-    def __init__(self, engine: Any, optimizer: Any, config: Any, loss_fn: LossFn | None, **kw: Any) -> None:
-        super().__init__(engine, optimizer, config, loss_fn, **kw)
+    def __init__(
+        self,
+        engine: Any,
+        optimizer: Any,
+        config: Config,
+        dims: ParallelDims,
+        loss_fn: LossFn | None,
+        **kw: Any,
+    ) -> None:
+        # DeepSpeed casts the module itself for bf16/fp16: no autocast; inputs are cast instead
+        super().__init__(engine, optimizer, config, dims, loss_fn, autocast_dtype=None, **kw)
         self.stage = config.zero_stage
-        self._autocast_dtype = None  # DeepSpeed casts the module itself for bf16/fp16
-        self._input_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.precision)
+        self._input_dtype = low_precision_dtype(config.precision)
         self._scaler = None
         self._unreduced_grad_bytes = 0
         self._grad_peak = 0
@@ -302,7 +320,12 @@ def _flat(x: Any) -> list[torch.Tensor]:
 
 
 def prepare(
-    model: nn.Module, optimizer: Optimizer, config: Any, ctx: EngineContext, loss_fn: LossFn | None
+    model: nn.Module,
+    optimizer: Optimizer,
+    config: Config,
+    dims: ParallelDims,
+    ctx: EngineContext,
+    loss_fn: LossFn | None,
 ) -> Trainer:
     import deepspeed
 
@@ -315,6 +338,4 @@ def prepare(
         config=deepspeed_config(config, ctx.world_size),
         dist_init_required=False,
     )
-    return ZeroTrainer(
-        engine, ds_optimizer, config, loss_fn, device=ctx.device, dp_rank=ctx.rank, dp_size=ctx.world_size
-    )
+    return ZeroTrainer(engine, ds_optimizer, config, dims, loss_fn, device=ctx.device, dp_rank=ctx.rank)
