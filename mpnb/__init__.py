@@ -25,10 +25,10 @@ from mpnb.errors import ClusterError, ConfigError, MpnbError, NoClusterError, Ra
 # public name -> module that defines it
 _LAZY: dict[str, str] = {
     # cluster lifecycle (kernel side)
-    "start": "mpnb.cluster.session",
-    "connect": "mpnb.cluster.session",
-    "stop": "mpnb.cluster.session",
-    "restart": "mpnb.cluster.session",
+    "start": "mpnb.cluster.lifecycle",
+    "connect": "mpnb.cluster.lifecycle",
+    "stop": "mpnb.cluster.lifecycle",
+    "restart": "mpnb.cluster.lifecycle",
     "session": "mpnb.cluster.session",
     "Session": "mpnb.cluster.session",
     # configuration and prediction (kernel side, no torch)
@@ -37,14 +37,14 @@ _LAZY: dict[str, str] = {
     # widgets (kernel side)
     "config_panel": "mpnb.widgets.panel",
     "memory_plot": "mpnb.monitoring.chart",
-    "memory_report": "mpnb.monitoring.chart",
+    "memory_report": "mpnb.monitoring.report",
     # engine side (imports torch)
     "prepare": "mpnb.engine.prepare",
     "Trainer": "mpnb.engine.trainer",
     "should_stop": "mpnb.engine.control",
 }
 
-# Every lazy name is public (tests/test_public_api.py checks _LAZY against this list).
+# Every lazy name is public (tests/unit/test_public_api.py checks _LAZY against this list).
 __all__ = [
     "ClusterError",
     "Config",
@@ -102,11 +102,13 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from mpnb.cluster.session import Session, connect, restart, session, start, stop
+    from mpnb.cluster.lifecycle import connect, restart, start, stop
+    from mpnb.cluster.session import Session, session
     from mpnb.engine.control import should_stop
     from mpnb.engine.prepare import prepare
     from mpnb.engine.trainer import Trainer
-    from mpnb.monitoring.chart import memory_plot, memory_report
+    from mpnb.monitoring.chart import memory_plot
+    from mpnb.monitoring.report import memory_report
     from mpnb.planning.config import Config
     from mpnb.planning.estimator import estimate
     from mpnb.widgets.panel import config_panel

@@ -17,9 +17,12 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from mpnb.cluster import launch, lifecycle
 from mpnb.cluster import session as cluster
 from mpnb.errors import ConfigError, MpnbError, NoClusterError
-from mpnb.execution.cell_run import CellFailedError, CellOptions, ranks_from_args, run_cell
+from mpnb.execution.cell_run import CellOptions, ranks_from_args, run_cell
+from mpnb.execution.report import CellFailedError
+from mpnb.monitoring import dashboard
 
 MPNB_USAGE = """\
 %mpnb start [-n N] [--devices 0,1,...] [--backend nccl|gloo] [--timeout SECONDS] [--port PORT]
@@ -58,14 +61,14 @@ def _build_parsers() -> dict[str, _Parser]:
     start = p["start"] = _parser("start")
     start.add_argument("-n", type=int, default=None, help="CPU engines to start (default 2), or GPUs to use")
     start.add_argument("--devices", default=None, help="GPU indices, e.g. 0,1")
-    start.add_argument("--backend", choices=cluster.BACKENDS, default=None)
-    start.add_argument("--timeout", type=_positive_float, default=cluster.DEFAULT_PG_TIMEOUT_S)
+    start.add_argument("--backend", choices=launch.BACKENDS, default=None)
+    start.add_argument("--timeout", type=_positive_float, default=launch.DEFAULT_PG_TIMEOUT_S)
     start.add_argument("--port", type=int, default=None, help="MASTER_PORT on rank 0 (default: a free one)")
     connect = p["connect"] = _parser("connect")
     connect.add_argument("--profile", default="default", help="ipyparallel profile name or directory")
     connect.add_argument("--cluster-id", default=None)
-    connect.add_argument("--backend", choices=cluster.BACKENDS, default=None)
-    connect.add_argument("--timeout", type=_positive_float, default=cluster.DEFAULT_PG_TIMEOUT_S)
+    connect.add_argument("--backend", choices=launch.BACKENDS, default=None)
+    connect.add_argument("--timeout", type=_positive_float, default=launch.DEFAULT_PG_TIMEOUT_S)
     for name in ("status", "restart", "heal", "stop"):
         p[name] = _parser(name)
     p["config"] = _parser("config")
@@ -111,7 +114,7 @@ class MpnbMagics(Magics):
         return getattr(self, f"_cmd_{command}")(args)
 
     def _cmd_start(self, args: argparse.Namespace) -> None:
-        cluster.start(
+        lifecycle.start(
             args.n,
             devices=args.devices,
             backend=args.backend,
@@ -121,7 +124,7 @@ class MpnbMagics(Magics):
         )
 
     def _cmd_connect(self, args: argparse.Namespace) -> None:
-        cluster.connect(
+        lifecycle.connect(
             args.profile, args.cluster_id, backend=args.backend, timeout=args.timeout, config=self._config
         )
 
@@ -139,24 +142,22 @@ class MpnbMagics(Magics):
             print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
 
     def _cmd_restart(self, args: argparse.Namespace) -> None:
-        cluster.restart()
+        lifecycle.restart()
 
     def _cmd_heal(self, args: argparse.Namespace) -> None:
-        from mpnb.cluster import recovery
-
         if cluster.current() is None:
             raise NoClusterError(
                 "No mpnb cluster is running, so there is no process group to heal. "
                 "Start one with `%mpnb start`."
             )
-        recovery.heal(cluster.session())
+        lifecycle.heal(cluster.session())
 
     def _cmd_stop(self, args: argparse.Namespace) -> None:
         sess = cluster.current()
         if sess is None:
             print("No mpnb cluster is running; nothing to stop.")
             return
-        cluster.stop()
+        lifecycle.stop()
         print(
             "mpnb: cluster stopped."
             if sess.cluster is not None
@@ -263,13 +264,7 @@ def _show_mpnb_error(
 def register(ipython: Any) -> None:
     ipython.register_magics(MpnbMagics)
     ipython.set_custom_exc((MpnbError,), _show_mpnb_error)
-    try:  # the JupyterLab sidebar's comm; optional until mpnb.dashboard exists
-        from mpnb.monitoring import dashboard
-    except ImportError:
-        return
-    hook = getattr(dashboard, "register", None)
-    if hook is not None:
-        hook(ipython)
+    dashboard.register(ipython)  # the JupyterLab sidebar's comm
 
 
 def unregister(ipython: Any) -> None:
@@ -280,8 +275,4 @@ def unregister(ipython: Any) -> None:
             for name, fn in list(ipython.magics_manager.magics[kind].items()):
                 if getattr(fn, "__self__", None) is magics:
                     del ipython.magics_manager.magics[kind][name]
-    try:  # close the sidebar's comms so frontends show "not loaded"
-        from mpnb.monitoring import dashboard
-    except ImportError:
-        return
-    dashboard.unregister(ipython)
+    dashboard.unregister(ipython)  # close the sidebar's comms so frontends show "not loaded"

@@ -1,223 +1,61 @@
-"""Small measuring and drawing tools the teaching notebooks share.
+"""The teaching notebooks' import path: `from mpnb.teaching import StageTimer, draw_timeline, ...`.
 
-Engine side (inside `%%distributed` cells; torch is imported when called):
-`SavedTensorMeter` (bytes autograd keeps for backward), `gathered_parameter_bytes`
-(FSDP parameters currently unsharded), `StageTimer` (busy intervals of one
-pipeline stage, per microbatch), `time_collectives` (count and
-time every torch.distributed collective a function issues).
-
-Kernel side (plain data in, matplotlib out): `draw_timeline` and
-`bubble_table` for pipeline schedules.
+The notebooks are public API, so this name stays while the tools live in two
+halves: the engine half (`mpnb.engine.teaching`: `SavedTensorMeter`,
+`gathered_parameter_bytes`, `StageTimer`, `sync_clock`, `time_collectives`;
+torch imported when called) and the kernel half (`mpnb.widgets.timeline`:
+`bubble_table`, `draw_timeline`; matplotlib, no torch). Names load on first
+use, so an engine cell that imports a meter does not import the widgets, and
+the kernel drawing a timeline does not import the meters.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import time
-from collections.abc import Callable, Iterator
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-# ---------------------------------------------------------------------------- activations
+_HALVES: dict[str, str] = {
+    "SavedTensorMeter": "mpnb.engine.teaching",
+    "gathered_parameter_bytes": "mpnb.engine.teaching",
+    "StageTimer": "mpnb.engine.teaching",
+    "sync_clock": "mpnb.engine.teaching",
+    "time_collectives": "mpnb.engine.teaching",
+    "Events": "mpnb.widgets.timeline",
+    "bubble_table": "mpnb.widgets.timeline",
+    "draw_timeline": "mpnb.widgets.timeline",
+}
 
-
-class SavedTensorMeter:
-    """Counts the bytes autograd saves for backward while active: the activation memory of a forward.
-
-    Parameters (and views of them) are not counted: they are held anyway. Each
-    storage is counted once. Under activation checkpointing the checkpointed
-    region's own hooks take over, so only what survives outside it is counted.
-    """
-
-    def __init__(self) -> None:
-        self.bytes = 0
-        self.tensors = 0
-        self._seen: set[tuple[int, int]] = set()
-        self._hooks: Any = None
-
-    def _pack(self, t: Any) -> Any:
-        import torch
-
-        base = t._base if t._base is not None else t
-        if isinstance(t, torch.nn.Parameter) or isinstance(base, torch.nn.Parameter):
-            return t
-        local = t.to_local() if hasattr(t, "to_local") else t
-        storage = local.untyped_storage()
-        key = (storage.data_ptr(), storage.nbytes())
-        if key not in self._seen and storage.nbytes():
-            self._seen.add(key)
-            self.bytes += storage.nbytes()
-            self.tensors += 1
-        return t
-
-    def __enter__(self) -> SavedTensorMeter:
-        import torch
-
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-        self._hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._hooks.__exit__(*exc)
+__all__ = [
+    "Events",
+    "SavedTensorMeter",
+    "StageTimer",
+    "bubble_table",
+    "draw_timeline",
+    "gathered_parameter_bytes",
+    "sync_clock",
+    "time_collectives",
+]
 
 
-def gathered_parameter_bytes(model: Any) -> int:
-    """Bytes of `model`'s parameters that are plain (unsharded) tensors right now.
-
-    Under FSDP2 every parameter is a sharded DTensor between steps; during a
-    step the parameters of a unit are all-gathered into plain tensors. Called
-    between forward and backward this shows what `reshard_after_forward=False`
-    keeps.
-    """
-    total = 0
-    for p in model.parameters():
-        if not hasattr(p, "to_local") and p.untyped_storage().nbytes():
-            total += p.numel() * p.element_size()
-    return total
+def __getattr__(name: str) -> Any:
+    module = _HALVES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mpnb.teaching' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 
-# ---------------------------------------------------------------------------- pipeline timelines
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HALVES))
 
 
-class StageTimer:
-    """Busy intervals of one pipeline stage: (kind, microbatch, start, end), kind "F" or "B".
-
-    Wraps the stage's `forward_one_chunk` and `backward_one_chunk` (what every
-    `torch.distributed.pipelining` schedule calls per microbatch), so the
-    intervals are compute only: waiting for activations or gradients from the
-    neighbouring stage falls between them and shows as idle time. Times are
-    `time.perf_counter()` seconds; subtract `sync_clock()` to compare ranks.
-    `stage` is a `PipelineStage` (mpnb's pipeline trainer: `trainer.schedule._stage`).
-    """
-
-    _METHODS = (("F", "forward_one_chunk"), ("B", "backward_one_chunk"))
-
-    def __init__(self, stage: Any) -> None:
-        self.events: list[tuple[str, int, float, float]] = []
-        self._stage = stage
-        for kind, name in self._METHODS:
-            setattr(stage, name, self._timed(kind, getattr(stage, name)))
-
-    def _timed(self, kind: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def timed(chunk_id: int, *args: Any, **kwargs: Any) -> Any:
-            self._sync()
-            start = time.perf_counter()
-            try:
-                return fn(chunk_id, *args, **kwargs)
-            finally:
-                self._sync()
-                self.events.append((kind, int(chunk_id), start, time.perf_counter()))
-
-        return timed
-
-    def _sync(self) -> None:
-        # GPU kernels run asynchronously: without a sync the boxes would show launch times only
-        import torch
-
-        device = getattr(self._stage, "device", None)
-        if device is not None and torch.device(device).type == "cuda":
-            torch.cuda.synchronize(device)
-
-    def reset(self) -> None:
-        self.events.clear()
-
-    def remove(self) -> None:
-        for _, name in self._METHODS:
-            self._stage.__dict__.pop(name, None)  # back to the class's method
-
-
-def sync_clock() -> float:
-    """A barrier, then this rank's `perf_counter()`: subtract it to put every rank on one time axis."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.barrier()
-    return time.perf_counter()
-
-
-Events = dict[int, list[tuple[str, int, float, float]]]  # stage -> (kind, microbatch, start, end)
-
-
-def bubble_table(events: Events) -> list[dict[str, Any]]:
-    """Per stage: busy and idle seconds between the first start and the last end of any stage."""
-    starts = [e[2] for evs in events.values() for e in evs]
-    ends = [e[3] for evs in events.values() for e in evs]
-    if not starts:
-        return []
-    span = max(ends) - min(starts)
-    rows = []
-    for stage, evs in sorted(events.items()):
-        busy = sum(e[3] - e[2] for e in evs)
-        idle = span - busy
-        rows.append({"stage": stage, "busy s": busy, "idle s": idle, "idle %": 100 * idle / span})
-    return rows
-
-
-def draw_timeline(events: Events, ax: Any = None, title: str = "") -> Any:
-    """Draw one row per stage, a box per forward (blue) / backward (orange) labelled by microbatch."""
-    import matplotlib.pyplot as plt
-
-    if ax is None:
-        _, ax = plt.subplots(figsize=(9, 0.6 + 0.5 * len(events)))
-    t0 = min((e[2] for evs in events.values() for e in evs), default=0.0)
-    colors = {"F": "#4c72b0", "B": "#dd8452"}
-    for stage, evs in events.items():
-        for kind, mb, start, end in evs:
-            ax.barh(stage, (end - start) * 1000, left=(start - t0) * 1000, height=0.7,
-                    color=colors[kind], edgecolor="white")
-            ax.text((start - t0 + (end - start) / 2) * 1000, stage, f"{kind}{mb}", ha="center",
-                    va="center", fontsize=7, color="white")
-    ax.set_yticks(sorted(events), [f"stage {s}" for s in sorted(events)])
-    ax.invert_yaxis()
-    ax.set_xlabel("ms")
-    if title:
-        ax.set_title(title, fontsize=10)
-    return ax
-
-
-# ---------------------------------------------------------------------------- communication
-
-_COLLECTIVES = (
-    "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
-    "all_to_all", "all_to_all_single", "broadcast", "send", "recv", "isend", "irecv",
-)
-
-
-@contextlib.contextmanager
-def time_collectives() -> Iterator[dict[str, list[float]]]:
-    """Record every torch.distributed collective (and its seconds) issued in the block.
-
-    Yields a dict name -> [seconds per call]. Only calls made through the
-    Python functions in `torch.distributed` are seen: DDP's reducer runs in C++
-    and DTensor uses functional collectives (count those with
-    `torch.distributed.tensor.debug.CommDebugMode`).
-    """
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-
-    calls: dict[str, list[float]] = {}
-    saved: list[tuple[Any, str, Any]] = []
-
-    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                calls.setdefault(name, []).append(time.perf_counter() - t0)
-
-        return timed
-
-    for name in _COLLECTIVES:
-        for module in (dist, c10d):
-            fn = getattr(module, name, None)
-            if fn is not None:
-                saved.append((module, name, fn))
-                setattr(module, name, wrap(name, fn))
-    try:
-        yield calls
-    finally:
-        for module, name, fn in saved:
-            setattr(module, name, fn)
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from mpnb.engine.teaching import (
+        SavedTensorMeter,
+        StageTimer,
+        gathered_parameter_bytes,
+        sync_clock,
+        time_collectives,
+    )
+    from mpnb.widgets.timeline import Events, bubble_table, draw_timeline

@@ -12,13 +12,9 @@ after each execute, so nothing here outlives the cell.
 `faulthandler` writes this rank's Python stacks to a file on SIGUSR1 from C,
 so the kernel can see where a rank is stuck even inside a gloo collective.
 `release_peers()` ends this rank's process group so a peer blocked waiting for
-this rank gets an error at once instead of at the process-group timeout.
-Destroying the group is not enough while a DDP model (or any other holder) keeps
-a reference to it: gloo then keeps its connections open, and neither
-`abort()` nor `shutdown()` closes them on gloo (measured on torch 2.13: the peer
-waited until this process exited). So it also shuts down, at the socket level,
-this process's TCP connections to the other ranks on this host, found through
-/proc. The waiting peer's recv then fails with "Connection closed by peer".
+this rank gets an error at once instead of at the process-group timeout; on
+Linux it also shuts down this process's connections to the peers on this host
+(`mpnb.engine.gloo_unblock`), which a live DDP model would otherwise keep open.
 """
 
 from __future__ import annotations
@@ -32,6 +28,8 @@ import sys
 import tempfile
 import threading
 from typing import IO, Any
+
+from mpnb.engine import gloo_unblock
 
 STACK_SIGNAL = signal.SIGUSR1
 CELL_MARK = "# %%distributed"  # line 1 of what mpnb.execution sends (a comment, so line numbers match)
@@ -61,10 +59,8 @@ def _register_stack_dump() -> None:
 
 def install() -> None:
     """Watch this engine's cells (bootstrap.setup calls it): `%%distributed` cells get `begin_cell`."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return
+    from IPython import get_ipython
+
     shell = get_ipython()
     if shell is not None and _pre_run_cell not in shell.events.callbacks["pre_run_cell"]:
         shell.events.register("pre_run_cell", _pre_run_cell)
@@ -149,16 +145,11 @@ def should_stop(every: int = 1) -> bool:
     return flag
 
 
-def stop_requested() -> bool:
-    """This rank was asked to stop (no collective): for code that cannot call should_stop on every rank."""
-    return _requested
-
-
 def release_peers(peer_pids_by_host: dict[str, list[int]] | None = None) -> bool:
     """End this rank's process group so peers blocked on it fail now. True if there was one.
 
     `peer_pids_by_host`: the other ranks' pids by host name; the connections to
-    those on this host are shut down too (see the module docstring).
+    those on this host are shut down too (`mpnb.engine.gloo_unblock`, Linux only).
     """
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_initialized():
@@ -172,70 +163,5 @@ def release_peers(peer_pids_by_host: dict[str, list[int]] | None = None) -> bool
             dist.destroy_process_group()
     peers = (peer_pids_by_host or {}).get(socket.gethostname(), [])
     with contextlib.suppress(OSError):
-        shut_down_connections_to([pid for pid in peers if pid != os.getpid()])
+        gloo_unblock.shut_down_connections_to([pid for pid in peers if pid != os.getpid()])
     return True
-
-
-def shut_down_connections_to(pids: list[int]) -> int:
-    """Shut down (not close: the fds stay gloo's) this process's TCP connections to `pids`.
-
-    A connection is ours to `pid` when its remote end is the local end of one of
-    `pid`'s sockets. Returns how many were shut down.
-    """
-    if not pids:
-        return 0
-    table = _tcp_connections()
-    peer_ends = {table[inode][0] for pid in pids for inode in _socket_fds(pid) if inode in table}
-    count = 0
-    for inode, fd in _socket_fds("self").items():
-        if inode in table and table[inode][1] in peer_ends:
-            sock = socket.socket(fileno=fd)
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-                count += 1
-            except OSError:
-                pass
-            finally:
-                sock.detach()
-    return count
-
-
-def _socket_fds(pid: int | str) -> dict[int, int]:
-    """Socket inode -> fd number for the process `pid` ("self" for this one)."""
-    found = {}
-    directory = f"/proc/{pid}/fd"
-    with contextlib.suppress(OSError):
-        for fd in os.listdir(directory):
-            with contextlib.suppress(OSError):
-                link = os.readlink(f"{directory}/{fd}")
-                if link.startswith("socket:["):
-                    found[int(link[8:-1])] = int(fd)
-    return found
-
-
-def _tcp_connections() -> dict[int, tuple[tuple[str, int], tuple[str, int]]]:
-    """Socket inode -> ((local ip, port), (remote ip, port)) from /proc/net/tcp and tcp6."""
-    table = {}
-    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(OSError), open(name) as f:
-            next(f)  # the header
-            for line in f:
-                fields = line.split()
-                table[int(fields[9])] = (_endpoint(fields[1]), _endpoint(fields[2]))
-    return table
-
-
-def _endpoint(hex_endpoint: str) -> tuple[str, int]:
-    """'0100007F:1F90' -> ('127.0.0.1', 8080); IPv6 words are little-endian; v4-mapped v6 -> v4."""
-    address, port = hex_endpoint.split(":")
-    raw = bytes.fromhex(address)
-    raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
-    if len(raw) == 16 and raw[:12] == b"\0" * 10 + b"\xff\xff":
-        raw = raw[12:]
-    family = socket.AF_INET if len(raw) == 4 else socket.AF_INET6
-    return socket.inet_ntop(family, raw), int(port, 16)
-
-
-def group_alive() -> bool:
-    dist = sys.modules.get("torch.distributed")
-    return bool(dist is not None and dist.is_initialized())

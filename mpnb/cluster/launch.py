@@ -1,0 +1,217 @@
+"""Everything decided before a world forms: checked start arguments, the plan for local engines,
+and finding the engines of a cluster started outside the notebook.
+
+Every user choice is checked here, in the kernel, before any process starts, so a
+mistake costs nothing to fix and the message can name the option.
+
+Kernel side: never imports torch.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mpnb.errors import ClusterError, ConfigError
+
+DEFAULT_CPU_ENGINES = 2
+DEFAULT_PG_TIMEOUT_S = 60.0
+BACKENDS = ("gloo", "nccl")
+
+
+@dataclass
+class WorldPlan:
+    """What a world needs, decided before any engine work: validated user choices."""
+
+    backend: str | None  # None: pick from the engines (nccl if every rank has a GPU)
+    timeout_s: float
+    port: int | None
+    devices: list[int] | None  # local start: physical GPUs, one per engine, in rank order
+    cpu_only: bool = False  # local start without GPUs: never bind one, even if an engine sees some
+
+
+# ----------------------------------------------------------------------------- start arguments
+
+
+def check_timeout(timeout: Any) -> float:
+    try:
+        value = float(timeout)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ConfigError(
+            f"--timeout must be a positive number of seconds, not {timeout!r}. "
+            f"Example: `%mpnb start --timeout 60` (the default is {DEFAULT_PG_TIMEOUT_S:g})."
+        )
+    return value
+
+
+def check_backend(backend: str | None) -> str | None:
+    if backend is None:
+        return None
+    if backend not in BACKENDS:
+        raise ConfigError(f"Unknown backend {backend!r}. Use --backend gloo (CPU or GPU) or nccl (GPU).")
+    return backend
+
+
+def check_port(port: Any) -> int | None:
+    if port is None:
+        return None
+    try:
+        value = int(port)
+    except (TypeError, ValueError):
+        value = -1
+    if not 1 <= value <= 65535:
+        raise ConfigError(f"--port must be a TCP port between 1 and 65535, not {port!r}.")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("", value))
+        except OSError:
+            raise ClusterError(
+                f"Port {value} is already in use on this machine, so rank 0 cannot host the process "
+                "group there. Leave --port out to pick a free port, or choose another one."
+            ) from None
+    return value
+
+
+def parse_devices(devices: str | Sequence[int] | None) -> list[int] | None:
+    if devices is None:
+        return None
+    if isinstance(devices, str):
+        items = [d.strip() for d in devices.split(",") if d.strip()]
+        try:
+            parsed = [int(d) for d in items]
+        except ValueError:
+            raise ConfigError(
+                f"--devices takes GPU indices separated by commas, like `--devices 0,1`, not {devices!r}."
+            ) from None
+    else:
+        parsed = [int(d) for d in devices]
+    if not parsed:
+        raise ConfigError("--devices is empty. Give GPU indices like `--devices 0,1`, or leave it out.")
+    if len(set(parsed)) != len(parsed):
+        raise ConfigError(f"--devices lists a GPU twice ({devices!r}). Give each GPU once: one rank per GPU.")
+    return parsed
+
+
+def plan_local(
+    n: int | None, devices: str | Sequence[int] | None, backend: str | None, timeout: Any, port: Any
+) -> tuple[int, WorldPlan]:
+    """Check every user choice for a local start; return the engine count and the plan."""
+    from mpnb.cluster import devices as device_probe
+
+    timeout_s = check_timeout(timeout)
+    backend = check_backend(backend)
+    wanted = parse_devices(devices)
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ConfigError(
+            f"-n must be a whole number of engines, at least 1, not {n!r}. Example: `%mpnb start -n 2`."
+        )
+
+    visible = [g.index for g in device_probe.visible_gpus()]
+    if wanted is not None:
+        missing = [d for d in wanted if d not in visible]
+        if missing:
+            seen = ", ".join(map(str, visible)) if visible else "none (this machine has no visible GPU)"
+            fix = "Pick from the visible ones" if visible else "Leave --devices out to start CPU engines"
+            raise ConfigError(
+                f"GPU {', '.join(map(str, missing))} is not visible to this kernel. "
+                f"Visible GPUs: {seen}. {fix}."
+            )
+        if n is not None and n != len(wanted):
+            raise ConfigError(
+                f"-n {n} does not match --devices {','.join(map(str, wanted))} ({len(wanted)} GPUs): "
+                "mpnb starts one engine per GPU. Give only one of them."
+            )
+        gpus: list[int] | None = wanted
+    elif visible and backend != "gloo":
+        if n is not None and n > len(visible):
+            raise ConfigError(
+                f"-n {n} asks for more engines than there are visible GPUs ({len(visible)}). "
+                f"Use -n {len(visible)} or fewer, or `--backend gloo` for CPU engines."
+            )
+        gpus = visible[: n or len(visible)]
+    else:
+        gpus = None
+
+    if gpus is None and backend == "nccl":
+        raise ConfigError("The nccl backend needs GPUs and none are in use here. Use `--backend gloo`.")
+    count = len(gpus) if gpus is not None else (n or DEFAULT_CPU_ENGINES)
+    return count, WorldPlan(
+        backend=backend, timeout_s=timeout_s, port=check_port(port), devices=gpus, cpu_only=gpus is None
+    )
+
+
+# ----------------------------------------------------------------------------- an outside cluster
+
+
+def profile_args(profile: str) -> dict[str, str]:
+    """ipyparallel's keyword for `profile`: a path names a profile directory, anything else a profile."""
+    expanded = os.path.expanduser(profile)
+    if os.sep in profile or os.path.isdir(expanded):
+        return {"profile_dir": os.path.abspath(expanded)}
+    return {"profile": profile}
+
+
+def known_cluster_ids(profile_kwargs: dict[str, str]) -> list[str]:
+    """Ids of the clusters with a connection file in the profile, to list when the one asked for is not."""
+    import ipyparallel as ipp
+
+    try:
+        profile_dir = ipp.Cluster(**profile_kwargs).profile_dir
+    except Exception:
+        return []
+    ids = []
+    for path in glob.glob(os.path.join(profile_dir, "security", "ipcontroller-*client.json")):
+        name = os.path.basename(path)[len("ipcontroller-") : -len("client.json")]
+        ids.append(name.rstrip("-") or "''")
+    return sorted(ids)
+
+
+# Engines started by hand (`ipengine`) are not in the cluster file; once some have registered,
+# the count must hold this long before we take it as the whole cluster.
+_ENGINE_COUNT_SETTLE_S = 3.0
+
+
+def wait_for_launched_engines(
+    client: Any, profile_kwargs: dict[str, str], cluster_id: str, timeout: float
+) -> bool:
+    """Wait until every engine the cluster file lists has registered; False if none came at all.
+
+    The file is read again on every poll: `ipcluster start` writes it once when the controller is
+    up and again only after it launched the engines (one second later by default), so a single read
+    right after the connection file appears sees no engines and would form a world too small.
+    """
+    deadline = time.monotonic() + timeout
+    seen, settled_since = -1, time.monotonic()
+    while True:
+        now = time.monotonic()
+        registered = len(client.ids)
+        expected = expected_engines(profile_kwargs, cluster_id)
+        if expected and registered >= expected:
+            return True
+        if not expected and registered:
+            if registered != seen:
+                seen, settled_since = registered, now
+            elif now - settled_since >= _ENGINE_COUNT_SETTLE_S:
+                return True
+        if now >= deadline:
+            return registered > 0
+        time.sleep(0.2)
+
+
+def expected_engines(profile_kwargs: dict[str, str], cluster_id: str) -> int:
+    """Engines the cluster file says were launched (0 if unknown), so we wait for all of them."""
+    import ipyparallel as ipp
+
+    try:
+        cluster = ipp.Cluster.from_file(cluster_id=cluster_id, **profile_kwargs)
+    except Exception:
+        return 0
+    return sum(getattr(es, "n", 0) or 0 for es in cluster.engines.values())
+

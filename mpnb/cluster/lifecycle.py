@@ -1,0 +1,356 @@
+"""Start, connect, restart, heal and stop the one live session, and what they share.
+
+Each ends the same way: a world formed (`mpnb.cluster.ranks.form_world`), then
+`_go_live` (memory monitor on, one summary line, listeners told); a start that
+fails part-way stops whatever it started. `_close` is the one way a session ends.
+One lock serialises them, so a heal cannot interleave with a stop.
+
+Engines that mpnb launched leave ipyparallel nannies behind now and then; the
+detached reaper (`mpnb/cluster/reaper.py`, run as a script) is started on stop,
+restart and kernel exit to kill those.
+
+Kernel side: never imports torch.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import logging
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mpnb.cluster import launch, recovery
+from mpnb.cluster.launch import DEFAULT_PG_TIMEOUT_S, WorldPlan
+from mpnb.cluster.ranks import form_world, short_error
+from mpnb.cluster.session import Session, current, release_current, set_current
+from mpnb.cluster.session import session as live_session
+from mpnb.errors import ClusterError, RankError
+from mpnb.execution.output import format_ranks
+
+if TYPE_CHECKING:
+    import ipyparallel as ipp
+
+    from mpnb.planning.config import Config
+
+log = logging.getLogger("mpnb")
+
+_lock = threading.RLock()  # start, connect, restart, heal and close never interleave
+
+
+def _check_no_session() -> None:
+    if current() is not None:
+        s = current()
+        raise ClusterError(
+            f"An mpnb cluster is already running ({s.world_size} ranks, {s.backend}). "
+            "Use it, run `%mpnb restart` for fresh engines, or `%mpnb stop` before starting another."
+        )
+
+
+def start(
+    n: int | None = None,
+    *,
+    devices: str | Sequence[int] | None = None,
+    backend: str | None = None,
+    timeout: float = DEFAULT_PG_TIMEOUT_S,
+    port: int | None = None,
+    config: Config | None = None,
+    verbose: bool = True,
+) -> Session:
+    """Start a local cluster: one engine per visible GPU (or `devices`), else `n` CPU engines (default 2).
+
+    Every engine gets rank env vars, its device and a process group with a
+    `timeout`-second timeout. Prints one line (ranks, devices, backend, seconds).
+    """
+    import ipyparallel as ipp
+
+    from mpnb.planning.config import Config
+
+    with _lock:
+        _check_no_session()
+        count, plan = launch.plan_local(n, devices, backend, timeout, port)
+        cfg = config if config is not None else Config()
+        t0 = time.perf_counter()
+        cluster = ipp.Cluster(n=count, delay=0, log_level=logging.WARNING)
+        try:
+            cluster.start_cluster_sync()
+            client = cluster.connect_client_sync()
+            # interactive=False: no progress bar printed into the notebook while engines register
+            client.wait_for_engines(count, timeout=cluster.engine_timeout, interactive=False)
+            sess = Session(client, cluster, plan, cfg, source="start")
+            sess.ranks, sess.backend = form_world(client, list(client.ids), plan, cfg)
+        except BaseException as exc:
+            _stop_cluster_quietly(cluster)
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            reason = str(exc) if isinstance(exc, ClusterError) else short_error(exc)
+            raise ClusterError(
+                f"{reason}\nThe start was rolled back: the controller and engines it launched are stopped."
+            ) from exc
+        set_current(sess)
+    return _go_live(sess, "start", t0, verbose)
+
+
+def connect(
+    profile: str = "default",
+    cluster_id: str | None = None,
+    *,
+    backend: str | None = None,
+    timeout: float = DEFAULT_PG_TIMEOUT_S,
+    engines_timeout: float = 60.0,
+    config: Config | None = None,
+    verbose: bool = True,
+) -> Session:
+    """Attach to a cluster started outside the notebook (`ipcluster start --profile P`).
+
+    `profile` is a profile name or a profile directory. Ranks are grouped by host
+    so LOCAL_RANK is right across machines; the process group spans all engines.
+    `%mpnb stop` later disconnects but leaves that cluster running.
+    """
+    import ipyparallel as ipp
+
+    from mpnb.planning.config import Config
+
+    with _lock:
+        _check_no_session()
+        plan = WorldPlan(
+            backend=launch.check_backend(backend),
+            timeout_s=launch.check_timeout(timeout),
+            port=None,
+            devices=None,
+        )
+        profile_kwargs = launch.profile_args(profile)
+        cfg = config if config is not None else Config()
+        t0 = time.perf_counter()
+        try:
+            client = ipp.Client(cluster_id=cluster_id or "", timeout=10, **profile_kwargs)
+        except (OSError, ValueError) as exc:
+            known = launch.known_cluster_ids(profile_kwargs)
+            listing = (
+                f"Clusters in that profile: {', '.join(known)}."
+                if known
+                else "That profile has no running cluster."
+            )
+            raise ClusterError(
+                f"No ipyparallel cluster with id {cluster_id or repr('')} in profile {profile!r} ({exc}). "
+                f"{listing} Start one with `ipcluster start -n N --profile {profile}` or fix --cluster-id."
+            ) from None
+        try:
+            if not launch.wait_for_launched_engines(
+                client, profile_kwargs, cluster_id or "", engines_timeout
+            ):
+                raise ClusterError(
+                    f"The cluster in profile {profile!r} has no engines after {engines_timeout:g} s. "
+                    "Start engines (`ipengine --profile ...`) and retry."
+                )
+            sess = Session(client, None, plan, cfg, source=f"connect --profile {profile}")
+            sess.ranks, sess.backend = form_world(client, sorted(client.ids), plan, cfg)
+        except BaseException:
+            client.close()
+            raise
+        set_current(sess)
+    return _go_live(sess, "start", t0, verbose)
+
+
+def restart(verbose: bool = True) -> Session:
+    """Fresh engines and a fresh process group, same world size, same session object."""
+    sess = live_session()
+    if sess.cluster is None:
+        raise ClusterError(
+            "mpnb did not start this cluster (it was connected with `%mpnb connect`), so it cannot "
+            "restart its engines. Restart them with ipcluster, then `%mpnb stop` and `%mpnb connect` again."
+        )
+    with _lock:
+        t0 = time.perf_counter()
+        n = max(sess.world_size, sess.full_world_size)
+        old_ids = set(sess.client.ids)
+        sess.cell = None
+        sess.health = None
+        try:
+            _prepare_engines_exit(sess)
+            _reap_nannies_later(sess)
+            sess.cluster.restart_engines_sync()
+            _wait_new_engines(sess.client, old_ids, n, timeout=120.0)
+            new_ids = sorted(set(sess.client.ids) - old_ids)
+            sess.ranks, sess.backend = form_world(sess.client, new_ids, sess.plan, sess.config)
+        except BaseException as exc:
+            _close(sess)
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            raise ClusterError(
+                f"Restart failed, so the cluster was stopped: {short_error(exc)}. "
+                "Run `%mpnb start` for a new one."
+            ) from exc
+    return _go_live(sess, "restart", t0, verbose)
+
+
+def _wait_new_engines(client: ipp.Client, old_ids: set[int], n: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        ids = set(client.ids)
+        if len(ids - old_ids) >= n and not (ids & old_ids):
+            return
+        if time.monotonic() > deadline:
+            raise ClusterError(
+                f"Only {len(ids - old_ids)} of {n} restarted engines registered within {timeout:g} s."
+            )
+        time.sleep(0.05)
+
+
+def stop() -> None:
+    """Stop the cluster mpnb started (or disconnect from a connected one). No-op without a session."""
+    sess = current()
+    if sess is None:
+        return
+    _close(sess)
+
+
+def heal(session: Session | None = None, wait_s: float | None = None, verbose: bool = True) -> Session:
+    """Rebuild the process group on the surviving engines: destroy, new port, init. Namespaces stay."""
+    sess = session or live_session()
+    t0 = time.perf_counter()
+    alive = recovery.alive_ranks(sess)
+    if not alive:
+        raise ClusterError("No rank survived, so there is nothing to heal. Run `%mpnb restart`.")
+    _wait_idle(sess, alive, sess.timeout + 5.0 if wait_s is None else wait_s)
+    infos = [sess.ranks[r] for r in alive]
+    gpus = [i.gpu for i in infos]
+    all_gpus = all(g is not None for g in gpus)
+    plan = dataclasses.replace(sess.plan, port=None, devices=gpus if all_gpus else None)
+    before = sess.world_size
+    sess.full_world_size = max(sess.full_world_size, before)
+    with _lock:
+        try:
+            engine_ids = [i.engine_id for i in infos]
+            sess.ranks, sess.backend = form_world(sess.client, engine_ids, plan, sess.config)
+        except Exception as exc:
+            raise ClusterError(f"Healing failed: {exc}. Run `%mpnb restart` for fresh engines.") from exc
+    sess.health = None
+    sess.cell = None
+    if verbose:
+        dropped = before - len(alive)
+        lost = f" ({dropped} lost rank{'s' if dropped != 1 else ''} left out)" if dropped > 0 else ""
+        print(
+            f"mpnb: process group rebuilt on {len(alive)} rank{'s' if len(alive) != 1 else ''}{lost} "
+            f"in {time.perf_counter() - t0:.1f} s; namespaces kept. Run mpnb.prepare(...) again for "
+            "wrapped models."
+        )
+    sess.notify("restart")
+    return sess
+
+
+def _wait_idle(session: Session, ranks: list[int], timeout: float) -> None:
+    """Engines still inside the last cell (blocked in C) cannot take the new group yet."""
+    deadline = time.monotonic() + timeout
+    ids = [session.ranks[r].engine_id for r in ranks]
+    while True:
+        busy = recovery.busy_engines(session, ids)
+        if not busy:
+            return
+        if time.monotonic() > deadline:
+            names = [session.rank_of_engine(e) for e in busy]
+            raise RankError(
+                f"{format_ranks([n for n in names if n is not None])} is still busy with the last cell "
+                "(blocked in a collective). Wait for the process-group timeout and heal again, or run "
+                "`%mpnb restart`."
+            )
+        time.sleep(0.1)
+
+
+# ----------------------------------------------------------------------------- shared steps
+
+
+def _go_live(sess: Session, event: str, t0: float, verbose: bool) -> Session:
+    """Last steps of start, connect and restart: monitor on, one summary line, listeners told."""
+    _start_monitor(sess)
+    if verbose:
+        print(sess.summary(time.perf_counter() - t0))
+    sess.notify(event)
+    return sess
+
+
+def _start_monitor(sess: Session) -> None:
+    """Memory samples from every rank (mpnb.monitoring.channel); a failure empties charts, not the cluster."""
+    try:
+        from mpnb.monitoring import channel as monitor_channel
+
+        monitor_channel.attach(sess)
+    except Exception:
+        log.exception("mpnb: the memory monitor could not start; memory charts will stay empty")
+
+
+def _stop_monitor(sess: Session) -> None:
+    with contextlib.suppress(Exception):
+        from mpnb.monitoring import channel as monitor_channel
+
+        monitor_channel.detach(sess, timeout=2.0)
+
+
+def _close(sess: Session) -> None:
+    with _lock:
+        _stop_monitor(sess)  # samplers and the kernel end stop before the engines do
+        _prepare_engines_exit(sess)
+        if sess.cluster is not None:
+            _reap_nannies_later(sess)
+            with contextlib.suppress(Exception):
+                sess.client.shutdown(hub=False, block=False)  # engines exit now; the stop below reaps them
+            _stop_cluster_quietly(sess.cluster)
+        with contextlib.suppress(Exception):
+            sess.client.close()
+        sess.closed = True
+        release_current(sess)
+    sess.notify("stop")
+
+
+def _stop_cluster_quietly(cluster: ipp.Cluster) -> None:
+    try:
+        cluster.stop_cluster_sync()
+    except Exception:
+        log.exception("mpnb: stopping the cluster failed")
+
+
+def _prepare_engines_exit(sess: Session) -> None:
+    """Engines leave the process group and freeze their GC, so they exit at once.
+
+    With a live gloo group they ignore SIGTERM and are killed only after ipyparallel's 5 s grace.
+    """
+    from mpnb.engine import bootstrap
+
+    with contextlib.suppress(Exception):
+        sess.client[list(sess.client.ids)].apply_async(bootstrap.prepare_exit).wait(3)
+
+
+# ----------------------------------------------------------------------------- nanny reaping
+
+
+def _reap_nannies_later(sess: Session) -> None:
+    """Start the detached nanny reaper for this session's engines (see mpnb/cluster/reaper.py)."""
+    pairs = [f"{r.pid}:{nanny}" for r in sess.ranks for nanny in r.nannies]
+    if sess.cluster is None or not pairs:
+        return  # a connected cluster's engines, and their nannies, are not ours
+    script = Path(__file__).with_name("reaper.py")
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        starter = subprocess.Popen(
+            [sys.executable, str(script), *pairs],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        starter.wait(10)  # it forks the watcher off and exits at once
+
+
+def _reap_at_exit() -> None:
+    """The kernel is exiting (ipyparallel stops the engines of a live cluster): reap their nannies."""
+    sess = current()
+    if sess is not None:
+        _reap_nannies_later(sess)
+
+
+atexit.register(_reap_at_exit)

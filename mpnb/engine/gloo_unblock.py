@@ -1,0 +1,96 @@
+"""Unblocking a gloo peer that waits on this process, by shutting down TCP connections (Linux only).
+
+`destroy_process_group()` is not enough while a DDP model (or any other holder)
+keeps a reference to the group: gloo then keeps its connections open, and
+neither `abort()` nor `shutdown()` closes them on gloo (measured on torch 2.13:
+the peer waited until this process exited). So `shut_down_connections_to`
+shuts down, at the socket level, this process's TCP connections to the other
+ranks on this host, found through /proc; the waiting peer's recv then fails
+with "Connection closed by peer". Peers on other hosts are not matched and
+return at the process-group timeout.
+
+Other platforms have no /proc to match connections with: there the call does
+nothing (`UNSUPPORTED_REASON` says why) and blocked peers return at the
+process-group timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import sys
+
+log = logging.getLogger("mpnb")
+
+SUPPORTED = sys.platform.startswith("linux")
+UNSUPPORTED_REASON = (
+    ""
+    if SUPPORTED
+    else f"{sys.platform} has no /proc to find the peers' TCP connections; "
+    "peers blocked on this rank return at the process-group timeout"
+)
+
+
+def shut_down_connections_to(pids: list[int]) -> int:
+    """Shut down (not close: the fds stay gloo's) this process's TCP connections to `pids`.
+
+    A connection is ours to `pid` when its remote end is the local end of one of
+    `pid`'s sockets. Returns how many were shut down (0 where unsupported).
+    """
+    if not pids:
+        return 0
+    if not SUPPORTED:
+        log.debug("mpnb: not shutting down connections to %s: %s", pids, UNSUPPORTED_REASON)
+        return 0
+    table = _tcp_connections()
+    peer_ends = {table[inode][0] for pid in pids for inode in _socket_fds(pid) if inode in table}
+    count = 0
+    for inode, fd in _socket_fds("self").items():
+        if inode in table and table[inode][1] in peer_ends:
+            sock = socket.socket(fileno=fd)
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+                count += 1
+            except OSError:
+                pass
+            finally:
+                sock.detach()
+    return count
+
+
+def _socket_fds(pid: int | str) -> dict[int, int]:
+    """Socket inode -> fd number for the process `pid` ("self" for this one)."""
+    found = {}
+    directory = f"/proc/{pid}/fd"
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(directory):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"{directory}/{fd}")
+                if link.startswith("socket:["):
+                    found[int(link[8:-1])] = int(fd)
+    return found
+
+
+def _tcp_connections() -> dict[int, tuple[tuple[str, int], tuple[str, int]]]:
+    """Socket inode -> ((local ip, port), (remote ip, port)) from /proc/net/tcp and tcp6."""
+    table = {}
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(name) as f:
+            next(f)  # the header
+            for line in f:
+                fields = line.split()
+                table[int(fields[9])] = (_endpoint(fields[1]), _endpoint(fields[2]))
+    return table
+
+
+def _endpoint(hex_endpoint: str) -> tuple[str, int]:
+    """'0100007F:1F90' -> ('127.0.0.1', 8080); IPv6 words are little-endian; v4-mapped v6 -> v4."""
+    address, port = hex_endpoint.split(":")
+    raw = bytes.fromhex(address)
+    raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    if len(raw) == 16 and raw[:12] == b"\0" * 10 + b"\xff\xff":
+        raw = raw[12:]
+    family = socket.AF_INET if len(raw) == 4 else socket.AF_INET6
+    return socket.inet_ntop(family, raw), int(port, 16)

@@ -1,0 +1,182 @@
+"""Measuring tools the teaching notebooks run inside `%%distributed` cells (engine side).
+
+`SavedTensorMeter` (bytes autograd keeps for backward), `gathered_parameter_bytes`
+(FSDP parameters currently unsharded), `StageTimer` (busy intervals of one
+pipeline stage, per microbatch) with `sync_clock` (one time axis for every rank),
+and `time_collectives` (count and time every torch.distributed collective a
+function issues). torch is imported only when they are called: the notebooks
+import them through `mpnb.teaching`, which the kernel imports too.
+The pipeline timeline they measure is drawn by `mpnb.widgets.timeline`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+# ---------------------------------------------------------------------------- activations
+
+
+class SavedTensorMeter:
+    """Counts the bytes autograd saves for backward while active: the activation memory of a forward.
+
+    Parameters (and views of them) are not counted: they are held anyway. Each
+    storage is counted once. Under activation checkpointing the checkpointed
+    region's own hooks take over, so only what survives outside it is counted.
+    """
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.tensors = 0
+        self._seen: set[tuple[int, int]] = set()
+        self._hooks: Any = None
+
+    def _pack(self, t: Any) -> Any:
+        import torch
+
+        base = t._base if t._base is not None else t
+        if isinstance(t, torch.nn.Parameter) or isinstance(base, torch.nn.Parameter):
+            return t
+        local = t.to_local() if hasattr(t, "to_local") else t
+        storage = local.untyped_storage()
+        key = (storage.data_ptr(), storage.nbytes())
+        if key not in self._seen and storage.nbytes():
+            self._seen.add(key)
+            self.bytes += storage.nbytes()
+            self.tensors += 1
+        return t
+
+    def __enter__(self) -> SavedTensorMeter:
+        import torch
+
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._hooks.__exit__(*exc)
+
+
+def gathered_parameter_bytes(model: Any) -> int:
+    """Bytes of `model`'s parameters that are plain (unsharded) tensors right now.
+
+    Under FSDP2 every parameter is a sharded DTensor between steps; during a
+    step the parameters of a unit are all-gathered into plain tensors. Called
+    between forward and backward this shows what `reshard_after_forward=False`
+    keeps.
+    """
+    total = 0
+    for p in model.parameters():
+        if not hasattr(p, "to_local") and p.untyped_storage().nbytes():
+            total += p.numel() * p.element_size()
+    return total
+
+
+# ---------------------------------------------------------------------------- pipeline timelines
+
+
+class StageTimer:
+    """Busy intervals of one pipeline stage: (kind, microbatch, start, end), kind "F" or "B".
+
+    Wraps the stage's `forward_one_chunk` and `backward_one_chunk` (what every
+    `torch.distributed.pipelining` schedule calls per microbatch), so the
+    intervals are compute only: waiting for activations or gradients from the
+    neighbouring stage falls between them and shows as idle time. Times are
+    `time.perf_counter()` seconds; subtract `sync_clock()` to compare ranks.
+    `stage` is a `PipelineStage` (mpnb's pipeline trainer: `trainer.schedule._stage`).
+    """
+
+    _METHODS = (("F", "forward_one_chunk"), ("B", "backward_one_chunk"))
+
+    def __init__(self, stage: Any) -> None:
+        self.events: list[tuple[str, int, float, float]] = []
+        self._stage = stage
+        for kind, name in self._METHODS:
+            setattr(stage, name, self._timed(kind, getattr(stage, name)))
+
+    def _timed(self, kind: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def timed(chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+            self._sync()
+            start = time.perf_counter()
+            try:
+                return fn(chunk_id, *args, **kwargs)
+            finally:
+                self._sync()
+                self.events.append((kind, int(chunk_id), start, time.perf_counter()))
+
+        return timed
+
+    def _sync(self) -> None:
+        # GPU kernels run asynchronously: without a sync the boxes would show launch times only
+        import torch
+
+        device = getattr(self._stage, "device", None)
+        if device is not None and torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def reset(self) -> None:
+        self.events.clear()
+
+    def remove(self) -> None:
+        for _, name in self._METHODS:
+            self._stage.__dict__.pop(name, None)  # back to the class's method
+
+
+def sync_clock() -> float:
+    """A barrier, then this rank's `perf_counter()`: subtract it to put every rank on one time axis."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+    return time.perf_counter()
+
+
+# ---------------------------------------------------------------------------- communication
+
+_COLLECTIVES = (
+    "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+    "all_to_all", "all_to_all_single", "broadcast", "send", "recv", "isend", "irecv",
+)
+
+
+@contextlib.contextmanager
+def time_collectives() -> Iterator[dict[str, list[float]]]:
+    """Record every torch.distributed collective (and its seconds) issued in the block.
+
+    Yields a dict name -> [seconds per call]. Only calls made through the
+    Python functions in `torch.distributed` are seen: DDP's reducer runs in C++
+    and DTensor uses functional collectives (count those with
+    `torch.distributed.tensor.debug.CommDebugMode`).
+    """
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    calls: dict[str, list[float]] = {}
+    saved: list[tuple[Any, str, Any]] = []
+
+    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                calls.setdefault(name, []).append(time.perf_counter() - t0)
+
+        return timed
+
+    for name in _COLLECTIVES:
+        for module in (dist, c10d):
+            fn = getattr(module, name, None)
+            if fn is not None:
+                saved.append((module, name, fn))
+                setattr(module, name, wrap(name, fn))
+    try:
+        yield calls
+    finally:
+        for module, name, fn in saved:
+            setattr(module, name, fn)
