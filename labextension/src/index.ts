@@ -1,34 +1,33 @@
 /**
- * mpnb's JupyterLab extension: the Distributed sidebar, the status bar item,
- * the commands (palette + notebook toolbar), `%%distributed` cell marking, and
- * the front end of the `mpnb.memory.MemoryChart` widget.
+ * mpnb's JupyterLab extension. Three plugins, wired here from three parts:
+ * - dashboard/: the `mpnb.dashboard` comm per notebook, the Distributed sidebar,
+ *   the status bar item and the commands (palette + notebook toolbar);
+ * - editor/: `%%distributed` cells marked, their magic line highlighted, and the
+ *   per-rank status chips of the running one;
+ * - chart/: the memory chart, and the front end of the kernel's `MemoryChart` widget.
  */
-import { ILabShell, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette } from '@jupyterlab/apputils';
 import { EditorExtensionRegistry, IEditorExtensionRegistry } from '@jupyterlab/codemirror';
-import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
+import { INotebookTracker } from '@jupyterlab/notebook';
 import { IStatusBar } from '@jupyterlab/statusbar';
-import { ToolbarButton } from '@jupyterlab/ui-components';
 import { IJupyterWidgetRegistry } from '@jupyter-widgets/base';
-import { DisposableDelegate } from '@lumino/disposable';
-import { Menu } from '@lumino/widgets';
 
-import { BENCHMARK_COMMAND, runChartBenchmark } from './benchmark';
-import { DistributedCellMarker } from './cells';
-import { addCommands, CommandIDs, PALETTE_CATEGORY } from './commands';
-import { mpnbIcon } from './icons';
-import { distributedMagicLine } from './magic';
-import { ConnectionRegistry } from './registry';
-import { DistributedSidebar, SIDEBAR_ID } from './sidebar';
-import { StatusItem } from './statusbar';
-import { MemoryChartModel, MemoryChartView, MODULE_NAME, MODULE_VERSION } from './widget';
+import { MemoryChartModel, MemoryChartView, MODULE_NAME, MODULE_VERSION } from './chart/widget';
+import { addCommands, addToPalette } from './dashboard/commands';
+import { ConnectionRegistry } from './dashboard/registry';
+import { DistributedSidebar, SIDEBAR_ID } from './dashboard/sidebar';
+import { addStatusItem } from './dashboard/statusbar';
+import { addToolbarButton } from './dashboard/toolbar';
+import { markDistributedCells } from './editor/cellmarker';
+import { distributedMagicLine } from './editor/highlight';
 
 const dashboardPlugin: JupyterFrontEndPlugin<void> = {
   id: 'mpnb:dashboard',
   description: 'Distributed sidebar, status bar item and commands for the notebook’s mpnb cluster.',
   autoStart: true,
   requires: [INotebookTracker],
-  optional: [ICommandPalette, IStatusBar, ILabShell],
+  optional: [ICommandPalette, IStatusBar],
   activate: (
     app: JupyterFrontEnd,
     tracker: INotebookTracker,
@@ -37,68 +36,15 @@ const dashboardPlugin: JupyterFrontEndPlugin<void> = {
   ) => {
     const registry = new ConnectionRegistry(tracker);
     addCommands(app, registry, SIDEBAR_ID);
-    app.commands.addCommand(BENCHMARK_COMMAND, {
-      label: 'mpnb: chart benchmark (tests)',
-      execute: args => runChartBenchmark(app, args) as any
-    });
-
-    const sidebar = new DistributedSidebar(app.commands, registry);
-    app.shell.add(sidebar, 'right', { rank: 200 });
-
-    registry.added.connect((_, { panel, connection }) => new DistributedCellMarker(panel, connection));
-    tracker.forEach(panel => {
-      const connection = registry.get(panel);
-      if (connection) {
-        new DistributedCellMarker(panel, connection);
-      }
-    });
-
+    app.shell.add(new DistributedSidebar(app.commands, registry), 'right', { rank: 200 });
+    markDistributedCells(registry);
     if (palette) {
-      for (const command of Object.values(CommandIDs)) {
-        palette.addItem({ command, category: PALETTE_CATEGORY });
-      }
+      addToPalette(palette);
     }
-
     if (statusBar) {
-      const item = new StatusItem(registry, () => app.shell.activateById(SIDEBAR_ID));
-      statusBar.registerStatusItem('mpnb:status', {
-        item,
-        align: 'left',
-        rank: 4,
-        isActive: () => item.text !== null,
-        activeStateChanged: item.activeChanged
-      });
+      addStatusItem(statusBar, registry, () => app.shell.activateById(SIDEBAR_ID));
     }
-
-    // Notebook toolbar: one "mpnb" button opening a menu of the commands.
-    const menu = new Menu({ commands: app.commands });
-    menu.addClass('mpnb-toolbar-menu');
-    for (const command of [
-      CommandIDs.start,
-      CommandIDs.restart,
-      CommandIDs.stop,
-      CommandIDs.stopRanks,
-      CommandIDs.configPanel,
-      CommandIDs.dashboard
-    ]) {
-      menu.addItem({ command });
-    }
-    app.docRegistry.addWidgetExtension('Notebook', {
-      createNew: (panel: NotebookPanel) => {
-        const button = new ToolbarButton({
-          icon: mpnbIcon,
-          label: 'mpnb',
-          className: 'mpnb-toolbar-button',
-          tooltip: 'mpnb cluster: start, stop, restart, stop ranks, config panel, dashboard',
-          onClick: () => {
-            const rect = button.node.getBoundingClientRect();
-            menu.open(rect.left, rect.bottom);
-          }
-        });
-        panel.toolbar.insertAfter('cellType', 'mpnb', button);
-        return new DisposableDelegate(() => button.dispose());
-      }
-    });
+    addToolbarButton(app);
   }
 };
 
@@ -117,7 +63,7 @@ const magicPlugin: JupyterFrontEndPlugin<void> = {
 
 const widgetPlugin: JupyterFrontEndPlugin<void> = {
   id: 'mpnb:memory-chart-widget',
-  description: 'Front end of the mpnb.memory.MemoryChart ipywidget.',
+  description: 'Front end of the mpnb.monitoring.chart.MemoryChart ipywidget.',
   autoStart: true,
   requires: [IJupyterWidgetRegistry],
   activate: (_app: JupyterFrontEnd, widgets: IJupyterWidgetRegistry) => {

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 
-import { gather, minMaxIndices } from '../src/decimate';
+import { gather, minMaxIndices } from '../src/chart/decimate';
 
 describe('minMaxIndices', () => {
   it('keeps everything when there are few points', () => {

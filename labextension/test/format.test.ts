@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 
-import { formatBytes } from '../src/format';
-import { isDistributedSource } from '../src/magicline';
+import { formatBytes } from '../src/chart/format';
+import { isDistributedSource } from '../src/editor/magicline';
 
 describe('formatBytes', () => {
   it('uses binary units with three significant digits', () => {

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 
-import { IMemorySample, MAX_RATE_HZ, MemoryHistory } from '../src/history';
+import { IMemorySample, MAX_RATE_HZ, MemoryHistory } from '../src/chart/history';
 
 const MiB = 1024 * 1024;
 

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 
-import { RingBuffer } from '../src/ringbuffer';
+import { RingBuffer } from '../src/chart/ringbuffer';
 
 describe('RingBuffer', () => {
   it('keeps rows in order until full, then overwrites the oldest', () => {

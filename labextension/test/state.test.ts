@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 
-import { activity, busyRanks, INITIAL_STATE, reduce, shortStrategy, statusText } from '../src/state';
+import { INITIAL_STATE, reduce } from '../src/dashboard/state';
+import { activity, busyRanks, shortStrategy, statusText } from '../src/dashboard/summary';
 
 const stateMessage = {
   type: 'state' as const,

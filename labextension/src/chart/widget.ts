@@ -1,5 +1,5 @@
 /**
- * ipywidgets front end of `mpnb.memory.MemoryChart` (contract in
+ * ipywidgets front end of `mpnb.monitoring.chart.MemoryChart` (contract in
  * docs/internals.md): synced traits `ranks`, `estimate`, `capacity`,
  * `history_seconds`; custom messages {type: "samples"} and {type: "reset"}.
  * The history lives on the model so every view of one widget shows the same
@@ -54,7 +54,7 @@ export class MemoryChartModel extends DOMWidgetModel {
       }
     });
     // A model re-created after a page reload starts empty: ask the kernel for the history
-    // (mpnb.memory.MemoryChart answers {type: "history"} with a reset and the samples).
+    // (mpnb.monitoring.chart.MemoryChart answers {type: "history"} with a reset and the samples).
     setTimeout(() => {
       if (this.history.ranks().length === 0 && this.comm_live) {
         this.send({ type: 'history' }, {});

@@ -5,7 +5,7 @@
  * stop on every rank.
  */
 import type { JupyterFrontEnd } from '@jupyterlab/application';
-import { Notification } from '@jupyterlab/apputils';
+import { ICommandPalette, Notification } from '@jupyterlab/apputils';
 import { NotebookActions } from '@jupyterlab/notebook';
 import { refreshIcon, runIcon, settingsIcon, stopIcon } from '@jupyterlab/ui-components';
 
@@ -115,4 +115,10 @@ export function addCommands(app: JupyterFrontEnd, registry: ConnectionRegistry, 
       app.shell.activateById(sidebarId);
     }
   });
+}
+
+export function addToPalette(palette: ICommandPalette): void {
+  for (const command of Object.values(CommandIDs)) {
+    palette.addItem({ command, category: PALETTE_CATEGORY });
+  }
 }

@@ -9,7 +9,7 @@ import type { Kernel, KernelMessage } from '@jupyterlab/services';
 import { IDisposable } from '@lumino/disposable';
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { IMemorySample, MemoryHistory } from './history';
+import { IMemorySample, MemoryHistory } from '../chart/history';
 import { DashboardEvent, IDashboardState, INITIAL_STATE, reduce } from './state';
 
 export const COMM_TARGET = 'mpnb.dashboard';

@@ -5,12 +5,14 @@
 import type { CommandRegistry } from '@lumino/commands';
 import { Widget } from '@lumino/widgets';
 
-import { MemoryChart } from './chart';
+import { MemoryChart } from '../chart/chart';
 import { CommandIDs } from './commands';
 import { DashboardConnection } from './connection';
+import { el, note, rankChips } from './dom';
 import { mpnbIcon } from './icons';
 import { ConnectionRegistry } from './registry';
-import { activity, IDashboardState } from './state';
+import { IDashboardState } from './state';
+import { activity } from './summary';
 
 export const SIDEBAR_ID = 'mpnb-distributed-sidebar';
 
@@ -171,31 +173,4 @@ export class DistributedSidebar extends Widget {
     button.onclick = () => void this._commands.execute(command);
     return button;
   }
-}
-
-/** Per-rank state chips, shared with the cell badges. */
-export function rankChips(ranks: Record<string, string>): HTMLElement {
-  const chips = el('span', 'mpnb-rank-chips');
-  for (const rank of Object.keys(ranks).sort((a, b) => Number(a) - Number(b))) {
-    const chip = el('span', `mpnb-chip mpnb-status-${ranks[rank]}`, `${rank}: ${ranks[rank]}`);
-    chip.dataset.rank = rank;
-    chip.title = `rank ${rank}: ${ranks[rank]}`;
-    chips.append(chip);
-  }
-  return chips;
-}
-
-function note(text: string): HTMLElement {
-  return el('p', 'mpnb-note', text);
-}
-
-function el(tag: string, cls?: string, text?: string): HTMLElement {
-  const node = document.createElement(tag);
-  if (cls) {
-    node.className = cls;
-  }
-  if (text !== undefined) {
-    node.textContent = text;
-  }
-  return node;
 }

@@ -1,10 +1,11 @@
 /** Status bar item "mpnb · 2 ranks · ZeRO-2 · running"; clicking opens the sidebar. */
+import type { IStatusBar } from '@jupyterlab/statusbar';
 import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
 import { mpnbIcon } from './icons';
 import { ConnectionRegistry } from './registry';
-import { statusText } from './state';
+import { statusText } from './summary';
 
 export class StatusItem extends Widget {
   private _text: string | null = null;
@@ -50,4 +51,16 @@ export class StatusItem extends Widget {
       }
     }
   }
+}
+
+/** Show the item on the left of JupyterLab's status bar while mpnb is loaded in the current kernel. */
+export function addStatusItem(statusBar: IStatusBar, registry: ConnectionRegistry, onClick: () => void): void {
+  const item = new StatusItem(registry, onClick);
+  statusBar.registerStatusItem('mpnb:status', {
+    item,
+    align: 'left',
+    rank: 4,
+    isActive: () => item.text !== null,
+    activeStateChanged: item.activeChanged
+  });
 }

@@ -1,13 +1,14 @@
 /**
  * Marks `%%distributed` cells (class on the cell, the magic line highlighted by
- * magic.ts) and shows which ranks of the running one are still busy.
+ * highlight.ts) and shows which ranks of the running one are still busy.
  */
 import { Cell } from '@jupyterlab/cells';
 import { NotebookActions, NotebookPanel } from '@jupyterlab/notebook';
 import { IDisposable } from '@lumino/disposable';
 
-import { DashboardConnection } from './connection';
-import { rankChips } from './sidebar';
+import { DashboardConnection } from '../dashboard/connection';
+import { rankChips } from '../dashboard/dom';
+import { ConnectionRegistry } from '../dashboard/registry';
 import { isDistributedSource } from './magicline';
 
 export const DISTRIBUTED_CELL_CLASS = 'mpnb-distributed-cell';
@@ -101,4 +102,15 @@ export class DistributedCellMarker implements IDisposable {
       target.toggleClass('mpnb-mod-ranks-busy', cellState.status === 'running');
     }
   }
+}
+
+/** One marker per notebook the registry follows: those open now and those opened later. */
+export function markDistributedCells(registry: ConnectionRegistry): void {
+  registry.added.connect((_, { panel, connection }) => new DistributedCellMarker(panel, connection));
+  registry.tracker.forEach(panel => {
+    const connection = registry.get(panel);
+    if (connection) {
+      new DistributedCellMarker(panel, connection);
+    }
+  });
 }

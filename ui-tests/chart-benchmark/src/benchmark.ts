@@ -1,5 +1,5 @@
 /**
- * `mpnb:chart-benchmark` (hidden command, used by the browser test): can the
+ * `mpnb:chart-benchmark` (test-only command, used by the browser test): can the
  * memory chart keep up with N ranks x H Hz with S seconds of history?
  * Fills the history with synthetic samples, then streams new ones in
  * comm-sized batches (4 per second) for a few seconds and reports draw
@@ -9,8 +9,8 @@ import type { JupyterFrontEnd } from '@jupyterlab/application';
 import { ReadonlyPartialJSONObject } from '@lumino/coreutils';
 import { Widget } from '@lumino/widgets';
 
-import { MemoryChart } from './chart';
-import { IMemorySample, MemoryHistory } from './history';
+import { MemoryChart } from '../../../lib/chart/chart';
+import { IMemorySample, MemoryHistory } from '../../../lib/chart/history';
 
 export const BENCHMARK_COMMAND = 'mpnb:chart-benchmark';
 
