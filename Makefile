@@ -15,7 +15,7 @@ export DS_ACCELERATOR ?= cpu
 export OMP_NUM_THREADS ?= 1
 PORT ?= 8888
 
-.PHONY: install lab test test-py test-e2e lint demo browser clean
+.PHONY: install lab test test-py test-unit test-e2e lint demo browser clean
 
 install: $(STAMP)
 
@@ -51,6 +51,10 @@ lint: install
 test-py: install mpnb/labextension/package.json
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The tests that start no engines, kernels or clusters (under a minute): `make test-py` runs them too.
+test-unit: install
+	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
 # TypeScript unit tests (vitest), then the browser tests (galata, Debian Chromium, own JupyterLab server).
 test-e2e: install mpnb/labextension/package.json browser
 	npm test
@@ -62,4 +66,4 @@ demo: install
 	$(BIN)/python -m mpnb.tools.demo build/demo
 
 clean:
-	rm -rf $(VENV) node_modules lib mpnb/labextension build
+	rm -rf $(VENV) node_modules lib mpnb/labextension build ui-tests/chart-benchmark/lib ui-tests/chart-benchmark/build

@@ -1,4 +1,4 @@
-"""Shared test setup: real ipyparallel clusters of CPU engines with gloo."""
+"""Setup shared by tests/unit and tests/cluster: the engine environment and a real IPython shell."""
 
 from __future__ import annotations
 
@@ -14,20 +14,6 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """A started 2-engine CPU Session (gloo), shared by the tests of one module and stopped after them."""
-    import mpnb
-    from mpnb.cluster import session as cluster_mod
-
-    cluster_mod.stop()  # a previous module's session must not leak into this one
-    sess = mpnb.start(n=2, timeout=30, verbose=False)
-    try:
-        yield sess
-    finally:
-        cluster_mod.stop()
-
-
-@pytest.fixture(scope="module")
 def ipython():
     """A real IPython InteractiveShell with `%load_ext mpnb` done (no cluster of its own)."""
     from IPython.testing.globalipapp import get_ipython, start_ipython
@@ -37,12 +23,3 @@ def ipython():
     yield shell
     shell.run_line_magic("unload_ext", "mpnb")
 
-
-@pytest.fixture(scope="module")
-def view(cluster):
-    """A view on every rank of `cluster` with tests/strategy_runs.py's engine functions installed."""
-    from strategy_runs import install
-
-    v = cluster.view()
-    install(v)
-    return v

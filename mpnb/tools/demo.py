@@ -143,7 +143,7 @@ def memory_chart_png(nb: Any) -> bytes:
                 return pngs[-1]
     raise RuntimeError(
         "No memory chart found under any %%distributed cell of the executed notebook: "
-        "is the memory monitor (mpnb.memory) installed and the cell run without --no-monitor?"
+        "did the memory monitor (mpnb.monitoring) start, and did the cell run without --no-monitor?"
     )
 
 

@@ -13,9 +13,10 @@ of `mpnb.estimate`. One 2-engine CPU cluster for the module.
 from __future__ import annotations
 
 import pytest
-from strategy_runs import cluster_run
 
 import mpnb
+
+from .strategy_runs import cluster_run
 
 N = 2
 ADAMW = {"optim": "adamw", "lr": 1e-3}

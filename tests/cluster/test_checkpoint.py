@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from strategy_runs import ENGINE_CODE, assert_close, cluster_run, local_run
+
+from .strategy_runs import ENGINE_CODE, assert_close, cluster_run, local_run
 
 ADAMW = {"optim": "adamw", "lr": 1e-3}
 CONFIGS = {

@@ -4,7 +4,7 @@ Each notebook is executed headlessly (nbclient, python3 kernel from this venv).
 A test fails on any cell error, when the cell tagged `result` (the measured
 result the notebook ends with) has no table or figure, or when processes the
 kernel started outlive it (the notebook must `%mpnb stop` its cluster).
-`mpnb.demo` kills such leftovers by pid either way. Notebooks are committed
+`mpnb.tools.demo` kills such leftovers by pid either way. Notebooks are committed
 without outputs; `make demo` writes an executed copy of the quickstart.
 """
 
@@ -65,19 +65,6 @@ def _check_executed(nb: nbformat.NotebookNode, run_error: BaseException | None, 
     # controller, with a 3 s linger); engines or a controller still running mean the cluster was not stopped.
     running = [p for p in leftovers if "engine.nanny" not in p]
     assert not running, f"processes outlived the notebook's kernel (killed now): {running}"
-
-
-def test_notebooks_exist_and_are_committed_without_outputs() -> None:
-    names = [p.name[:2] for p in NOTEBOOK_PATHS]
-    assert names == [f"{i:02d}" for i in range(1, len(names) + 1)], names
-    assert QUICKSTART in NOTEBOOK_PATHS
-    for path in NOTEBOOK_PATHS:
-        nb = nbformat.read(path, as_version=4)
-        nbformat.validate(nb)
-        for cell in _code_cells(nb):
-            assert not cell.outputs and cell.execution_count is None, f"{path.name} has committed outputs"
-        assert _result_cells(nb), f"{path.name}: no cell tagged 'result'"
-        assert _code_cells(nb)[-1].source.strip() == "%mpnb stop", f"{path.name} does not stop its cluster"
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ import time
 import pytest
 from IPython.utils.capture import capture_output
 
-from mpnb.cluster import session as cluster_mod
-from mpnb.errors import ConfigError, NoClusterError, RankError
+from mpnb.cluster import lifecycle as cluster_mod
+from mpnb.errors import ConfigError, RankError
 from mpnb.execution.output import strip_ansi
 
 pytestmark = pytest.mark.timeout(300)
@@ -50,14 +50,6 @@ def interrupt_main_after(*delays: float) -> list[float]:
 
     threading.Thread(target=fire, daemon=True).start()
     return sent
-
-
-def test_heal_without_cluster_is_a_clear_error(ipython):
-    cluster_mod.stop()
-    with capture_output():
-        res = ipython.run_cell("%mpnb heal")
-    assert isinstance(res.error_in_exec, NoClusterError)
-    assert "no process group to heal" in str(res.error_in_exec) and "%mpnb start" in str(res.error_in_exec)
 
 
 @pytest.fixture(scope="module")

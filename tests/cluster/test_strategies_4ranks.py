@@ -8,7 +8,8 @@ the module.
 from __future__ import annotations
 
 import pytest
-from strategy_runs import assert_close, cluster_run, install, local_run
+
+from .strategy_runs import assert_close, cluster_run, install, local_run
 
 STEPS = 20
 SGD = {"optim": "sgd", "lr": 0.1}
@@ -25,7 +26,7 @@ CASES = {
 @pytest.fixture(scope="module")
 def view():
     import mpnb
-    from mpnb.cluster import session as cluster_mod
+    from mpnb.cluster import lifecycle as cluster_mod
 
     cluster_mod.stop()
     sess = mpnb.start(n=4, timeout=60, verbose=False)
