@@ -23,3 +23,25 @@ def ipython():
     yield shell
     shell.run_line_magic("unload_ext", "mpnb")
 
+
+
+@pytest.fixture
+def fake_gpus():
+    """Two fake 80 GiB GPUs visible to the kernel (the engines' torch still has none)."""
+    from mpnb.cluster import devices
+
+    devices.set_probe(
+        lambda: [devices.Gpu(0, "Fake H100", 80 * 2**30), devices.Gpu(1, "Fake H100", 80 * 2**30)]
+    )
+    yield
+    devices.set_probe(None)
+
+
+@pytest.fixture
+def no_leftover_session():
+    """No session before or after the test (for modules that start and stop their own)."""
+    import mpnb
+
+    mpnb.stop()
+    yield
+    mpnb.stop()

@@ -11,28 +11,14 @@ import time
 
 import psutil
 import pytest
-from IPython.utils.capture import capture_output
 
 import mpnb
-from mpnb.cluster import devices
 from mpnb.cluster.session import current
 from mpnb.engine.bootstrap import nanny_pids
-from mpnb.errors import ClusterError, ConfigError, MpnbError, NoClusterError
-from mpnb.execution.output import strip_ansi
+from mpnb.errors import ClusterError, ConfigError, NoClusterError
+from tests.helpers import children, expect_error, run
 
-pytestmark = pytest.mark.timeout(300)
-
-
-def run(ip, source: str):
-    with capture_output() as cap:
-        result = ip.run_cell(source, store_history=True)
-    return result, strip_ansi(cap.stdout)
-
-
-def children() -> set[int]:
-    return {
-        p.pid for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != "zombie"
-    }
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("no_leftover_session")]
 
 
 def wait_for_children(expected: set[int], timeout: float = 15.0) -> set[int]:
@@ -43,32 +29,6 @@ def wait_for_children(expected: set[int], timeout: float = 15.0) -> set[int]:
             return now
         time.sleep(0.2)
     return children()
-
-
-@pytest.fixture
-def fake_gpus():
-    devices.set_probe(
-        lambda: [devices.Gpu(0, "Fake H100", 80 * 2**30), devices.Gpu(1, "Fake H100", 80 * 2**30)]
-    )
-    yield
-    devices.set_probe(None)
-
-
-@pytest.fixture(autouse=True)
-def no_leftover_session():
-    mpnb.stop()
-    yield
-    mpnb.stop()
-
-
-def expect_error(ip, line: str, error: type[MpnbError], *phrases: str) -> str:
-    res, out = run(ip, line)
-    assert not res.success, line
-    assert isinstance(res.error_in_exec, error), (line, res.error_in_exec)
-    for phrase in phrases:
-        assert phrase in out, (line, phrase, out)
-    assert "Traceback" not in out  # one short message, not a traceback
-    return out
 
 
 def test_a_start_that_fails_on_the_engines_leaves_nothing_running(ipython, fake_gpus):

@@ -10,22 +10,15 @@ from pathlib import Path
 
 import psutil
 import pytest
-from IPython.utils.capture import capture_output
 
 import mpnb
 from mpnb.cluster.session import current
 from mpnb.errors import ClusterError
-from mpnb.execution.output import strip_ansi
+from tests.helpers import run
 
 pytestmark = pytest.mark.timeout(300)
 
 CLUSTER_ID = "mpnbtest"
-
-
-def run(ip, source: str):
-    with capture_output() as cap:
-        result = ip.run_cell(source, store_history=True)
-    return result, strip_ansi(cap.stdout)
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from jupyter_client.session import Session
 from mpnb.engine import monitor
 from mpnb.monitoring import channel as monitor_channel
 from mpnb.monitoring.store import MemoryStore
+from tests.helpers import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -26,18 +27,9 @@ def _window(store: MemoryStore, rank: int, t0: float, t1: float) -> list[dict]:
     return [s for s in store.samples(rank) if t0 <= s["t"] <= t1]
 
 
-def _wait_for(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_samples_arrive_at_10hz_while_a_cell_runs(sess):
     store = sess.memory
-    assert _wait_for(lambda: set(store.ranks()) >= {0, 1}), "no samples from the engines at all"
+    assert wait_for(lambda: set(store.ranks()) >= {0, 1}), "no samples from the engines at all"
     t0 = time.time()
     sess.view().execute("import time; time.sleep(2)", block=True)
     t1 = time.time()
@@ -71,13 +63,13 @@ def test_peak_remembers_a_freed_allocation_until_the_next_cell(sess):
     code = "import time\nif rank == 1:\n    b = bytearray(200 * 2**20); del b\ntime.sleep(0.3)"
     sess.view().execute(code, block=True)
     ended = time.time()
-    assert _wait_for(lambda: all(any(s["t"] > ended for s in store.samples(r)) for r in (0, 1)))
+    assert wait_for(lambda: all(any(s["t"] > ended for s in store.samples(r)) for r in (0, 1)))
     last = {r: store.samples(r)[-1] for r in (0, 1)}
     assert last[1]["peak"] >= last[1]["used"] + 150 * 2**20, last[1]
     assert last[0]["peak"] < last[0]["used"] + 100 * 2**20, last[0]
     sess.view().execute("pass", block=True)  # a new cell starts a new peak window
     started = time.time()
-    assert _wait_for(lambda: any(s["t"] > started for s in store.samples(1)))
+    assert wait_for(lambda: any(s["t"] > started for s in store.samples(1)))
     last1 = store.samples(1)[-1]
     assert last1["peak"] < last1["used"] + 100 * 2**20, last1
 
@@ -126,7 +118,7 @@ def test_unsigned_badly_signed_and_replayed_messages_are_dropped(sess):
     _send(channel.endpoint, [forged, unsigned, [b"garbage"], valid, valid])  # the last is a replay
 
     # the receiver counts drops as it reads and stores the batch after: wait for both
-    assert _wait_for(lambda: channel.dropped >= dropped + 4 and store.samples(98)), channel.dropped - dropped
+    assert wait_for(lambda: channel.dropped >= dropped + 4 and store.samples(98)), channel.dropped - dropped
     assert len(store.samples(98)) == 1  # the authentic one got through, its replay did not
     assert store.samples(99) == [] and store.samples(97) == []
 
@@ -146,7 +138,7 @@ def test_engine_with_the_wrong_key_is_ignored(sess):
         assert len(_window(store, 0, t0, time.time())) >= 1  # rank 0 is unaffected
     finally:
         rank1.apply_sync(monitor.start, channel.endpoint)
-    assert _wait_for(lambda: any(s["t"] > time.time() - 1 for s in store.samples(1)), 5)
+    assert wait_for(lambda: any(s["t"] > time.time() - 1 for s in store.samples(1)), 5)
 
 
 def test_binds_to_the_cluster_interface_not_all_interfaces(sess, monkeypatch):
@@ -198,7 +190,7 @@ def test_measured_breakdown_matches_the_estimate(sess, strategy, stage):
         )
 
     # re-read right after each of the first steps; the next sample (<= 0.1 s) carries it
-    _wait_for(lambda: trained(0) and trained(1), 2)
+    wait_for(lambda: trained(0) and trained(1), 2)
     for rank in (0, 1):
         sample = store.samples(rank)[-1]
         expected = predicted.ranks[rank]
@@ -214,7 +206,7 @@ def test_measured_breakdown_matches_the_estimate(sess, strategy, stage):
             0, sample["used"] - sample["parameters"] - sample["gradients"] - sample["optimizer"]
         )
     # the engines sent the estimate for the new Trainer: the chart's dashed line
-    assert _wait_for(lambda: store.estimate is not None, 5)
+    assert wait_for(lambda: store.estimate is not None, 5)
     assert store.estimate == predicted.by_rank()  # from the whole model, even where ZeRO-3 partitions it
 
 
@@ -231,7 +223,7 @@ def test_a_pipeline_stage_sends_the_estimate_for_the_whole_model(sess):
         block=True,
     ).get()
     predicted = estimate(tiny_gpt(), cfg, 2).by_rank()
-    assert _wait_for(lambda: sess.memory.estimate is not None, 5)
+    assert wait_for(lambda: sess.memory.estimate is not None, 5)
     assert sess.memory.estimate == predicted and predicted[0] != predicted[1]  # one line per stage
 
 
@@ -247,7 +239,7 @@ def test_set_busy_switches_to_the_busy_rate_for_apply_work(sess):
     finally:
         sess.view().apply_sync(monitor.set_busy, False)
     t1 = time.time()
-    assert _wait_for(lambda: any(not s["busy"] and s["t"] > t1 for s in store.samples(0)), 3)
+    assert wait_for(lambda: any(not s["busy"] and s["t"] > t1 for s in store.samples(0)), 3)
 
 
 def test_restarted_engines_sample_again(sess):
@@ -259,7 +251,7 @@ def test_restarted_engines_sample_again(sess):
     assert sess.monitor_channel is channel and channel.running  # the kernel end is kept
     assert {r.rank: r.pid for r in sess.ranks} != old_pids
     t0 = time.time()
-    assert _wait_for(lambda: all(_window(sess.memory, r, t0, time.time() + 1) for r in (0, 1)), 10)
+    assert wait_for(lambda: all(_window(sess.memory, r, t0, time.time() + 1) for r in (0, 1)), 10)
     assert all(s["running"] for s in sess.view().apply_sync(monitor.status))
 
 
@@ -279,7 +271,7 @@ def test_samples_stop_when_the_cluster_stops(sess):
     import mpnb
 
     store, channel = sess.memory, sess.monitor_channel
-    assert _wait_for(lambda: any(s["t"] > time.time() - 1.5 for s in store.samples()), 5)
+    assert wait_for(lambda: any(s["t"] > time.time() - 1.5 for s in store.samples()), 5)
     mpnb.stop()
     stopped = time.time()
     count = len(store.samples())

@@ -17,19 +17,12 @@ import nbformat
 import pytest
 
 from mpnb.tools.demo import NOTEBOOKS, PNG_MAGIC, QUICKSTART, execute_notebook, run_demo
+from tests.helpers import code_cells, result_cells
 
 NOTEBOOK_PATHS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 CELL_TIMEOUT_S = 300
 
 pytestmark = pytest.mark.timeout(600)
-
-
-def _code_cells(nb: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
-    return [c for c in nb.cells if c.cell_type == "code"]
-
-
-def _result_cells(nb: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
-    return [c for c in _code_cells(nb) if "result" in c.metadata.get("tags", [])]
 
 
 def _has_table_or_figure(cell: nbformat.NotebookNode) -> bool:
@@ -48,9 +41,9 @@ def _png_size(png: bytes) -> tuple[int, int]:
 
 def _check_executed(nb: nbformat.NotebookNode, run_error: BaseException | None, leftovers: list[str]) -> None:
     assert run_error is None, f"the notebook failed:\n{run_error}"
-    codes = _code_cells(nb)
+    codes = code_cells(nb)
     assert all(c.get("execution_count") for c in codes), "some code cells did not run"
-    results = _result_cells(nb)
+    results = result_cells(nb)
     assert results, "no code cell is tagged 'result' (the measured result the notebook ends with)"
     final = results[-1]
     assert _has_table_or_figure(final), f"the result cell shows no table or figure:\n{final.source}"
@@ -82,7 +75,7 @@ def test_demo_writes_executed_quickstart_and_memory_png(demo: tuple[Path, dict |
     assert not isinstance(result, Exception), str(result)
     assert result["notebook"] == out / QUICKSTART.name
     nb = nbformat.read(result["notebook"], as_version=4)
-    assert all(c.get("execution_count") for c in _code_cells(nb))
+    assert all(c.get("execution_count") for c in code_cells(nb))
     png = result["memory_chart"].read_bytes()
     width, height = _png_size(png)
     assert width >= 300 and height >= 150, (width, height)

@@ -4,53 +4,14 @@ from __future__ import annotations
 
 import socket
 
-import psutil
 import pytest
-from IPython.utils.capture import capture_output
 
 import mpnb
-from mpnb.cluster import devices
 from mpnb.cluster.session import current
-from mpnb.errors import ClusterError, ConfigError, MpnbError, NoClusterError
-from mpnb.execution.output import strip_ansi
+from mpnb.errors import ClusterError, ConfigError, NoClusterError
+from tests.helpers import children, expect_error, run
 
-
-def run(ip, source: str):
-    with capture_output() as cap:
-        result = ip.run_cell(source, store_history=True)
-    return result, strip_ansi(cap.stdout)
-
-
-def children() -> set[int]:
-    return {
-        p.pid for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != "zombie"
-    }
-
-
-@pytest.fixture
-def fake_gpus():
-    devices.set_probe(
-        lambda: [devices.Gpu(0, "Fake H100", 80 * 2**30), devices.Gpu(1, "Fake H100", 80 * 2**30)]
-    )
-    yield
-    devices.set_probe(None)
-
-
-@pytest.fixture(autouse=True)
-def no_leftover_session():
-    mpnb.stop()
-    yield
-    mpnb.stop()
-
-
-def expect_error(ip, line: str, error: type[MpnbError], *phrases: str) -> str:
-    res, out = run(ip, line)
-    assert not res.success, line
-    assert isinstance(res.error_in_exec, error), (line, res.error_in_exec)
-    for phrase in phrases:
-        assert phrase in out, (line, phrase, out)
-    assert "Traceback" not in out  # one short message, not a traceback
-    return out
+pytestmark = pytest.mark.usefixtures("no_leftover_session")
 
 
 def test_bad_input_is_refused_before_anything_starts(ipython):

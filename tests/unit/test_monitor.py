@@ -5,23 +5,13 @@ CUDA and NVML are the only fakes; the real path runs in benchmarks/gpu_check.py.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from mpnb.engine import monitor
 from mpnb.engine.readers import CpuReader, CudaReader, MemoryReading
 from mpnb.monitoring import channel as monitor_channel
 from mpnb.monitoring.store import MemoryStore
-
-
-def _wait_for(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
+from tests.helpers import wait_for
 
 
 class FakeCuda:
@@ -81,7 +71,7 @@ def test_sampler_sends_cuda_samples_through_the_channel():
     )
     sampler.start()
     try:
-        assert _wait_for(lambda: len(store.samples()) >= 5, 5)
+        assert wait_for(lambda: len(store.samples()) >= 5, 5)
     finally:
         assert sampler.stop()
         channel.stop()

@@ -5,16 +5,9 @@ from __future__ import annotations
 import nbformat
 
 from mpnb.tools.demo import NOTEBOOKS, QUICKSTART
+from tests.helpers import code_cells, result_cells
 
 NOTEBOOK_PATHS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
-
-
-def _code_cells(nb: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
-    return [c for c in nb.cells if c.cell_type == "code"]
-
-
-def _result_cells(nb: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
-    return [c for c in _code_cells(nb) if "result" in c.metadata.get("tags", [])]
 
 
 def test_notebooks_exist_and_are_committed_without_outputs() -> None:
@@ -24,7 +17,7 @@ def test_notebooks_exist_and_are_committed_without_outputs() -> None:
     for path in NOTEBOOK_PATHS:
         nb = nbformat.read(path, as_version=4)
         nbformat.validate(nb)
-        for cell in _code_cells(nb):
+        for cell in code_cells(nb):
             assert not cell.outputs and cell.execution_count is None, f"{path.name} has committed outputs"
-        assert _result_cells(nb), f"{path.name}: no cell tagged 'result'"
-        assert _code_cells(nb)[-1].source.strip() == "%mpnb stop", f"{path.name} does not stop its cluster"
+        assert result_cells(nb), f"{path.name}: no cell tagged 'result'"
+        assert code_cells(nb)[-1].source.strip() == "%mpnb stop", f"{path.name} does not stop its cluster"

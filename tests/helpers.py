@@ -1,0 +1,56 @@
+"""Shared by unit and cluster tests: run a cell in a real shell, watch child processes, read notebooks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import nbformat
+import psutil
+from IPython.utils.capture import capture_output
+
+from mpnb.errors import MpnbError
+from mpnb.execution.output import strip_ansi
+
+
+def run(ip, source: str):
+    """Run one cell in shell `ip`; return (result, stdout without colours)."""
+    with capture_output() as cap:
+        result = ip.run_cell(source, store_history=True)
+    return result, strip_ansi(cap.stdout)
+
+
+def expect_error(ip, line: str, error: type[MpnbError], *phrases: str) -> str:
+    """Run `line`, assert it failed with `error` as one short message naming every phrase; return the text."""
+    res, out = run(ip, line)
+    assert not res.success, line
+    assert isinstance(res.error_in_exec, error), (line, res.error_in_exec)
+    for phrase in phrases:
+        assert phrase in out, (line, phrase, out)
+    assert "Traceback" not in out  # one short message, not a traceback
+    return out
+
+
+def children() -> set[int]:
+    """Pids of this process's live descendants."""
+    return {
+        p.pid for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != "zombie"
+    }
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 10.0) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def code_cells(nb: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def result_cells(nb: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
+    """The cells a notebook tags `result`: where it shows its measured lesson."""
+    return [c for c in code_cells(nb) if "result" in c.metadata.get("tags", [])]
