@@ -10,14 +10,13 @@ The settings themselves, and how they combine, are in `mpnb.planning.settings`.
 from __future__ import annotations
 
 import difflib
-import typing
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from mpnb.errors import ConfigError
 from mpnb.planning.codegen import config_code
 from mpnb.planning.config_checks import DEVICE_KINDS, combination_problems, neutral_for, value_problems
-from mpnb.planning.config_values import coerce
+from mpnb.planning.config_values import coerce, field_kinds, read_int
 from mpnb.planning.ds_config import check_train_batch_size, ds_config_changes, parse_ds_config, to_ds_config
 from mpnb.planning.parallel_dims import Strategy
 from mpnb.planning.settings import Settings
@@ -136,8 +135,11 @@ class Config(Settings):
 
         Values of "auto" (Hugging Face style) keep mpnb's defaults. With
         `world_size`, a train_batch_size that disagrees with the other two sizes
-        is an error, as it is in DeepSpeed.
+        is an error, as it is in DeepSpeed. A malformed value raises ConfigError
+        naming its ds_config key.
         """
+        if world_size is not None:
+            world_size = read_int("world_size", world_size)
         parsed = parse_ds_config(ds)
         cfg = cls().update(**ds_config_changes(parsed, world_size))
         check_train_batch_size(parsed, cfg, world_size)
@@ -158,7 +160,7 @@ class Config(Settings):
 
 def _coerce_field(key: str, value: Any) -> Any:
     """`value` as the type of field `key`; an unknown key raises ConfigError with the closest name."""
-    kinds = typing.get_type_hints(Config)
+    kinds = field_kinds(Config)
     if key not in kinds:
         raise ConfigError(f"Unknown setting {key!r}.{_closest(key)}")
     return coerce(key, kinds[key], value)

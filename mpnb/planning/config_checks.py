@@ -7,12 +7,11 @@ size and the device kind). Every message names the problem and the fix.
 
 from __future__ import annotations
 
-import typing
 from dataclasses import fields
 from typing import Any
 
 from mpnb.errors import ConfigError
-from mpnb.planning.config_values import CHOICES, coerce
+from mpnb.planning.config_values import coerce, field_kinds, shown
 from mpnb.planning.parallel_dims import ParallelDims, Strategy
 from mpnb.planning.settings import Settings
 
@@ -22,7 +21,7 @@ DEVICE_KINDS = ("cpu", "cuda")
 def value_problems(cfg: Settings) -> list[str]:
     """Values that are wrong on their own, whatever the world size (e.g. after direct construction)."""
     out: list[str] = []
-    kinds = typing.get_type_hints(type(cfg))
+    kinds = field_kinds(type(cfg))
     for f in fields(cfg):
         value = getattr(cfg, f.name)
         try:
@@ -30,8 +29,10 @@ def value_problems(cfg: Settings) -> list[str]:
         except ConfigError as exc:
             out.append(str(exc))
             continue
-        if coerced != value and f.name in CHOICES:
-            out.append(f"{f.name}={value!r} is not written as mpnb expects; use {coerced!r}.")
+        # construction stores values in their type, so this is a field assigned afterwards ("8" for 8)
+        if coerced != value or not isinstance(coerced, type(value)):
+            out.append(f"{f.name}={shown(value)} is not written as mpnb expects; use {shown(coerced)} "
+                       f"(or `config.update({f.name}=...)`, which converts text).")
     return out
 
 

@@ -53,11 +53,13 @@ typing, and a plain parameter count needs nothing else.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 from mpnb.errors import ConfigError
 from mpnb.planning.activations import COMPUTE_BYTES, activation_bytes
 from mpnb.planning.config import Config
+from mpnb.planning.config_values import read_int, shown
 from mpnb.planning.estimate_result import Estimate, RankEstimate
 from mpnb.planning.layout import Layout, layout_from_count, layout_from_module
 from mpnb.planning.model_shape import is_module
@@ -78,6 +80,8 @@ MODEL_STATE_BYTES: dict[tuple[str, str], tuple[int, int, int]] = {
 OPTIMIZER_STATE_BYTES: dict[str, int] = {"adamw": 8, "adam": 8, "sgd_momentum": 4, "sgd": 0}
 ACCOUNTINGS = ("implementation", "paper", "deepspeed")
 DEFAULT_REDUCE_BUCKET = 500_000_000  # DeepSpeed's reduce_bucket_size default (elements)
+MAX_COUNT = 2**63 - 1  # parameters, elements: what torch's int64 sizes can count
+MAX_RANKS = 2**20  # the estimate has one row per rank
 
 
 # ---------------------------------------------------------------------- the estimate
@@ -111,9 +115,19 @@ def estimate(
     `bytes_per_param=(P, G, K)` overrides the table for a custom optimizer setup.
     """
     cfg = _as_config(config)
+    world_size = read_int("world_size", world_size, maximum=MAX_RANKS)
+    seq_len, micro_batch_size, n_layer, hidden, n_head, vocab_size, largest_layer_params = (
+        _size(name, value) for name, value in (
+            ("seq_len", seq_len), ("micro_batch_size", micro_batch_size), ("n_layer", n_layer),
+            ("hidden", hidden), ("n_head", n_head), ("vocab_size", vocab_size),
+            ("largest_layer_params", largest_layer_params)))
+    reduce_bucket_size = read_int("reduce_bucket_size", reduce_bucket_size, maximum=MAX_COUNT)
+    for name, flag in (("dropout", dropout), ("flash_attention", flash_attention)):
+        if flag is not None and not isinstance(flag, bool):
+            raise ConfigError(f"{name} must be True, False or None (got {shown(flag)}).")
     if accounting not in ACCOUNTINGS:
         raise ConfigError(f"accounting must be one of {', '.join(ACCOUNTINGS)} (got {accounting!r}).")
-    if optimizer not in OPTIMIZER_STATE_BYTES:
+    if not isinstance(optimizer, str) or optimizer not in OPTIMIZER_STATE_BYTES:
         raise ConfigError(
             f"optimizer must be one of {', '.join(OPTIMIZER_STATE_BYTES)} (got {optimizer!r}); "
             "or pass bytes_per_param=(P, G, K)."
@@ -124,13 +138,8 @@ def estimate(
     dims = ParallelDims.from_config(cfg, world_size)
     plan = dict(cfg.tensor_plan)  # empty: the engine's default plan
 
-    if isinstance(model_or_num_params, bool) or not (
-        isinstance(model_or_num_params, int) or is_module(model_or_num_params)
-    ):
-        raise ConfigError(
-            "estimate() takes an nn.Module or a parameter count (int), "
-            f"got {type(model_or_num_params).__name__}."
-        )
+    if not is_module(model_or_num_params):
+        model_or_num_params = _parameter_count(model_or_num_params)
     given = {
         "n_layer": n_layer,
         "hidden": hidden,
@@ -140,8 +149,6 @@ def estimate(
         "largest_layer": largest_layer_params,
     }
     if isinstance(model_or_num_params, int):
-        if model_or_num_params < 0:
-            raise ConfigError(f"The parameter count must be positive (got {model_or_num_params}).")
         shape = {k: v for k, v in given.items() if v is not None}
         layout = layout_from_count(model_or_num_params, shape, plan_is_default=not cfg.tensor_plan)
     else:
@@ -196,12 +203,39 @@ def estimate(
     )
 
 
+def _parameter_count(value: Any) -> int:
+    """A parameter count as people write it (124_000_000, 7.5e9, "7.5e9"); anything else: ConfigError."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)) or (
+            isinstance(value, str) and not _looks_numeric(value)):
+        raise ConfigError(
+            "estimate() takes an nn.Module or a parameter count such as 124_000_000 or 7.5e9, "
+            f"got {type(value).__name__} {shown(value)}."
+        )
+    return read_int("num_params", value, maximum=MAX_COUNT)
+
+
+def _looks_numeric(text: str) -> bool:
+    try:
+        float(text.replace("_", ""))
+    except ValueError:
+        return False
+    return True
+
+
+def _size(name: str, value: Any) -> int | None:
+    """A shape or batch argument of `estimate`: None (unknown), or a positive int (7.5e9 style too)."""
+    return None if value is None else read_int(name, value, maximum=MAX_COUNT)
+
+
 def _as_config(config: Config | dict[str, Any] | None) -> Config:
     if config is None:
         return Config()
     if isinstance(config, Config):
         return config
     if isinstance(config, dict):
+        unnamed = [key for key in config if not isinstance(key, str)]
+        if unnamed:
+            raise ConfigError(f"config keys must be setting names, got {shown(unnamed[0])}.")
         return Config().update(**config)
     raise ConfigError(f"config must be an mpnb.Config or a dict, got {type(config).__name__}.")
 
@@ -211,8 +245,13 @@ def _bytes_per_param(
 ) -> tuple[float, float, float]:
     """(P, G, K) for this strategy and precision: the table in the module docstring."""
     if override is not None:
-        p, g, k = override
-        return float(p), float(g), float(k)
+        values = list(override) if isinstance(override, (list, tuple)) else []
+        if len(values) != 3 or not all(
+                isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                for v in values):
+            raise ConfigError(f"bytes_per_param must be three finite numbers >= 0, (P, G, K) "
+                              f"(got {shown(override)}); e.g. (2, 2, 12) for bf16 with AdamW.")
+        return float(values[0]), float(values[1]), float(values[2])
     moments = OPTIMIZER_STATE_BYTES[optimizer]
     if accounting == "paper":
         return 2.0, 2.0, 4.0 + moments

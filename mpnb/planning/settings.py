@@ -34,9 +34,9 @@ then data parallel):
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 
+from mpnb.planning.config_values import normalize
 from mpnb.planning.parallel_dims import ParallelDims, Strategy
 
 _TIMES = "\u00d7"  # the multiplication sign, spelled out for the linter
@@ -73,10 +73,9 @@ class Settings:
     offload: str = "none"
 
     def __post_init__(self) -> None:
-        # a known strategy string becomes its enum member; anything else stays for `problems` to name
-        if not isinstance(self.strategy, Strategy):
-            with contextlib.suppress(ValueError, TypeError):
-                self.strategy = Strategy(self.strategy)
+        # a value that means one thing becomes the field's type ("zero" the enum member, "8" the int 8),
+        # so nothing downstream sees text where it expects a number; anything else stays for `problems`
+        normalize(self)
 
     # ------------------------------------------------------------------ derived sizes
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import ipywidgets as widgets
 
 from mpnb.errors import ConfigError
 from mpnb.planning.config import Config
+from mpnb.planning.ds_config import MAX_DS_CONFIG_CHARS
 from mpnb.widgets.panel_form import StrategyForm
 from mpnb.widgets.panel_style import ERROR_SPAN, WIDE_LABELS
 
@@ -79,6 +81,7 @@ class ConfigFiles(StrategyForm):
         """Put a ds_config into the form (not applied yet). Returns the Config, or None with a message."""
         try:
             cfg = Config.from_deepspeed(ds, world_size=self.world_size())
+            self._check_form_holds(cfg)
         except ConfigError as exc:
             self.io_message.value = ERROR_SPAN.format(html.escape(str(exc)))
             return None
@@ -88,16 +91,26 @@ class ConfigFiles(StrategyForm):
         self._refresh()
         return cfg
 
+    def _check_form_holds(self, cfg: Config) -> None:
+        """Raise ConfigError for a value a bounded number box would silently clamp."""
+        for f in fields(cfg):
+            box = getattr(self, f.name, None)
+            value = getattr(cfg, f.name)
+            if isinstance(box, widgets.BoundedIntText) and not box.min <= value <= box.max:
+                raise ConfigError(f"{f.name}={value} is outside what the form takes ({box.min} to "
+                                  f"{box.max}); fix the value in the file and load it again.")
+
     def _on_load_path(self, _button: Any = None) -> None:
         path = Path(self.import_path.value).expanduser()
         try:
-            text = path.read_text()
+            with path.open("rb") as fh:  # bounded: a wrong path may name a huge or endless file
+                data = fh.read(MAX_DS_CONFIG_CHARS + 1)
         except OSError as exc:
             reason = html.escape(exc.strerror or str(exc))
             self.io_message.value = ERROR_SPAN.format(
                 f"Cannot read {html.escape(str(path))}: {reason}. Check the path.")
             return
-        self.load_deepspeed(text, source=str(path))
+        self.load_deepspeed(data.decode("utf-8", errors="replace"), source=str(path))
 
     def _on_upload(self, change: dict[str, Any]) -> None:
         files = change["new"]

@@ -278,3 +278,96 @@ def test_config_module_does_not_import_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+# ---------------------------------------------------------------------- malformed input (issue 14 item 8)
+
+_DEEP = "[" * 100_000 + "]" * 100_000  # json.loads: RecursionError
+_MB = "train_micro_batch_size_per_gpu"
+
+
+@pytest.mark.parametrize(("ds", "named"), [
+    ({_MB: 0, "train_batch_size": 32}, _MB),
+    ({_MB: "abc", "train_batch_size": 32}, _MB),
+    ({_MB: float("nan"), "train_batch_size": 32}, _MB),
+    ({_MB: float("inf"), "train_batch_size": 32}, _MB),
+    ({_MB: [8], "train_batch_size": 32}, _MB),
+    ({_MB: True}, _MB),
+    ({_MB: -4}, _MB),
+    ({_MB: 2.5}, _MB),
+    ({_MB: 10**40}, _MB),
+    ({"gradient_accumulation_steps": 0, "train_batch_size": 32}, "gradient_accumulation_steps"),
+    ({"gradient_accumulation_steps": "x", "train_batch_size": 32}, "gradient_accumulation_steps"),
+    ({"train_batch_size": "abc", _MB: 4}, "train_batch_size"),
+    ({"train_batch_size": 0, _MB: 4}, "train_batch_size"),
+    ({"train_batch_size": [32], "gradient_accumulation_steps": 1}, "train_batch_size"),
+    ({"zero_optimization": {"stage": "two"}}, "zero_optimization.stage"),
+    ({"zero_optimization": {"stage": [2]}}, "zero_optimization.stage"),
+    ('{"train_micro_batch_size_per_gpu": NaN, "train_batch_size": 32}', _MB),
+    ('{"train_micro_batch_size_per_gpu": Infinity}', _MB),
+    ('{"train_batch_size": 1e400, "train_micro_batch_size_per_gpu": 4}', "train_batch_size"),  # OverflowError
+    (_DEEP, "nested too deeply"),
+    ('{"train_batch_size": ' + "9" * 5000 + "}", "not valid JSON"),  # past Python's int-digits limit
+    (" " * 2_000_000, "characters long"),
+])
+def test_from_deepspeed_names_the_key_of_every_malformed_value(ds: object, named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        Config.from_deepspeed(ds, world_size=2)
+
+
+def test_from_deepspeed_refuses_a_bad_world_size() -> None:
+    with pytest.raises(ConfigError, match="world_size"):
+        Config.from_deepspeed({"train_batch_size": 8}, world_size=0)
+
+
+def test_numbers_written_as_text_or_floats_are_numbers() -> None:
+    cfg = Config(micro_batch_size="8", grad_accum_steps=2.0, zero_stage="2", strategy="zero")
+    assert (cfg.micro_batch_size, cfg.grad_accum_steps, cfg.zero_stage) == (8, 2, 2)
+    assert cfg == Config(micro_batch_size=8, grad_accum_steps=2, zero_stage=2, strategy="zero")
+    ds = Config(micro_batch_size="8").to_deepspeed(2)
+    assert ds["train_batch_size"] == 16 and type(ds["train_batch_size"]) is int  # not "88"
+    assert type(ds["train_micro_batch_size_per_gpu"]) is int
+    assert Config().update_from_strings(["micro_batch_size=1e3"]).micro_batch_size == 1000
+    assert Config(reshard_after_forward="false").reshard_after_forward is False  # not a truthy string
+    assert Config(fsdp_wrap="Block,MLP").fsdp_wrap == ["Block", "MLP"]  # not the letters of a string
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("micro_batch_size", "abc"), ("micro_batch_size", float("nan")), ("micro_batch_size", float("inf")),
+    ("micro_batch_size", 0), ("micro_batch_size", -1), ("micro_batch_size", True), ("micro_batch_size", [8]),
+    ("micro_batch_size", 2.5), ("micro_batch_size", 10**12), ("grad_accum_steps", None),
+    ("pipeline_stages", "many"), ("microbatches", 0), ("tensor_parallel", {}), ("zero_stage", -1),
+    ("zero_stage", 1.5), ("reshard_after_forward", "maybe"), ("activation_checkpointing", 2),
+    ("fsdp_wrap", 5), ("fsdp_wrap", [1, 2]), ("pipeline_split_points", {"a": 1}),
+    ("tensor_plan", ["mlp.fc"]), ("tensor_plan", {"mlp.fc": 3}), ("tensor_plan", {"": "colwise"}),
+    ("precision", ["bf16"]), ("offload", 3.5), ("pipeline_schedule", None), ("strategy", 7),
+])
+def test_every_field_is_checked_for_type_and_range(field: str, value: object) -> None:
+    cfg = Config(**{field: value})  # construction stays cheap and lenient
+    problems = cfg.problems(2)
+    assert problems and field in problems[0], problems
+    for call in (lambda: cfg.validate(2), lambda: cfg.to_deepspeed(2), lambda: cfg.to_code(2),
+                 lambda: Config().update(**{field: value})):
+        with pytest.raises(ConfigError, match=field):
+            call()
+
+
+def test_a_field_assigned_after_construction_is_checked() -> None:
+    cfg = Config()
+    cfg.micro_batch_size = "8"  # dataclass fields can be set directly; validation still sees the type
+    with pytest.raises(ConfigError, match="micro_batch_size='8' is not written as mpnb expects; use 8"):
+        cfg.to_deepspeed(2)
+
+
+def test_malformed_literals_in_strings_are_config_errors() -> None:
+    for item in ["fsdp_wrap=" + "[" * 500, "fsdp_wrap=[" + "1" * 5000 + "]", "tensor_plan={" * 300,
+                 "tensor_plan={{}: 1}"]:
+        with pytest.raises(ConfigError, match=item.partition("=")[0]):
+            Config().update_from_strings([item])
+
+
+def test_construction_stays_cheap() -> None:
+    import timeit
+
+    per_call = min(timeit.repeat(Config, number=2000, repeat=3)) / 2000
+    assert per_call < 100e-6, f"Config() takes {per_call * 1e6:.1f} µs"

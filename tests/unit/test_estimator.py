@@ -366,6 +366,42 @@ def test_bad_input_raises_config_error() -> None:
     assert estimate(1000, Config(), 1).notes  # says activations were left out
 
 
+_GPT2 = {"n_layer": 12, "hidden": 768, "n_head": 12, "seq_len": 1024, "vocab_size": 50257}
+
+
+@pytest.mark.parametrize("name", ["num_params", "world_size", "seq_len", "micro_batch_size", "n_layer",
+                                  "hidden", "n_head", "vocab_size", "largest_layer_params",
+                                  "reduce_bucket_size"])
+@pytest.mark.parametrize("value", [-12, 0, float("nan"), float("inf"), 7.5, "x", [8], True])
+def test_sizes_must_be_positive_whole_numbers(name: str, value: object) -> None:
+    args = {"num_params": 124_000_000, "world_size": 2, **_GPT2, name: value}
+    num_params, world = args.pop("num_params"), args.pop("world_size")
+    message = "nn.Module or a parameter count" if name == "num_params" and value in ("x", [8], True) else name
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        estimate(num_params, Config(strategy="zero", zero_stage=2), world, **args)
+
+
+def test_numbers_are_read_as_people_write_them() -> None:
+    exact = estimate(PSI, Config(strategy="zero", zero_stage=3), 64, n_layer=32, hidden=4096, n_head=32,
+                     seq_len=2048)
+    for count in (7.5e9, "7.5e9", "7_500_000_000"):
+        assert estimate(count, Config(strategy="zero", zero_stage=3), 64.0, n_layer=32.0, hidden="4096",
+                        n_head=32, seq_len=2048.0) == exact
+    assert exact.total > 0
+
+
+def test_other_arguments_are_checked() -> None:
+    for kwargs, named in [({"bytes_per_param": (-1, 2, 3)}, "bytes_per_param"),
+                          ({"bytes_per_param": (float("nan"), 2, 3)}, "bytes_per_param"),
+                          ({"bytes_per_param": (2, 2)}, "bytes_per_param"),
+                          ({"optimizer": ["adamw"]}, "optimizer"), ({"dropout": "yes"}, "dropout"),
+                          ({"config": {1: 2}}, "config keys"), ({"world_size": 10**9}, "world_size")]:
+        config = kwargs.pop("config", Config())
+        world = kwargs.pop("world_size", 2)
+        with pytest.raises(ConfigError, match=named):
+            estimate(1000, config, world, **kwargs)
+
+
 def test_parameter_count_needs_no_torch() -> None:
     code = ("import sys, mpnb; from mpnb import Config;"
             "e = mpnb.estimate(7_500_000_000, Config(strategy='zero', zero_stage=3), 64, n_layer=32,"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import html
 import json
 import re
 import subprocess
@@ -212,6 +213,47 @@ def test_import_from_path_and_upload(panel: ConfigPanel, tmp_path: Path) -> None
     panel.load_button.click()
     assert "not valid JSON" in panel.io_message.value
     assert panel.pending_config() == Config(strategy="zero", zero_stage=1)  # the form kept its values
+
+
+@pytest.mark.parametrize(("text", "named"), [
+    ('{"train_micro_batch_size_per_gpu": 0, "train_batch_size": 32}', "train_micro_batch_size_per_gpu"),
+    ('{"train_micro_batch_size_per_gpu": "abc", "train_batch_size": 32}', "train_micro_batch_size_per_gpu"),
+    ('{"train_micro_batch_size_per_gpu": NaN, "train_batch_size": 32}', "train_micro_batch_size_per_gpu"),
+    ('{"train_micro_batch_size_per_gpu": Infinity}', "train_micro_batch_size_per_gpu"),
+    ('{"train_micro_batch_size_per_gpu": [8], "train_batch_size": 32}', "train_micro_batch_size_per_gpu"),
+    ('{"train_batch_size": 1e400, "train_micro_batch_size_per_gpu": 4}', "train_batch_size"),
+    ('{"zero_optimization": {"stage": "two"}}', "zero_optimization.stage"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ('{"train_micro_batch_size_per_gpu": 5000000}', "micro_batch_size=5000000 is outside what the form"),
+])
+def test_import_shows_why_a_malformed_ds_config_is_refused(panel: ConfigPanel, tmp_path: Path, text: str,
+                                                           named: str) -> None:
+    panel.strategy.value = "fsdp"  # the form before the import; it must keep these values
+    before = panel.pending_config()
+    path = tmp_path / "ds_config.json"
+    path.write_text(text)
+    panel.import_path.value = str(path)
+    panel.load_button.click()
+    assert named in html.unescape(panel.io_message.value) and "color" in panel.io_message.value
+    assert panel.pending_config() == before
+
+    content = text.encode()
+    panel.io_message.value = ""
+    panel.upload.value = ({"name": "upload.json", "type": "application/json", "size": len(content),
+                           "content": memoryview(content),
+                           "last_modified": datetime.datetime.now(datetime.timezone.utc)},)
+    assert named in html.unescape(panel.io_message.value)
+    assert panel.pending_config() == before
+
+
+def test_import_reads_a_bounded_prefix_of_a_wrong_path(panel: ConfigPanel, tmp_path: Path) -> None:
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(bytes(range(256)) * 8)
+    for path, named in [(binary, "not valid JSON"), (Path("/dev/zero"), "characters long"),
+                        (tmp_path, "Cannot read")]:
+        panel.import_path.value = str(path)
+        panel.load_button.click()
+        assert named in panel.io_message.value, path
 
 
 def test_panel_with_a_module() -> None:
