@@ -26,6 +26,7 @@ from typing import Any
 from mpnb.engine import state
 from mpnb.engine.readers import MemoryReader, make_reader
 from mpnb.monitoring.protocol import (
+    MAX_SAMPLES_PER_MESSAGE,
     MSG_TYPE,
     PARTS,
     Signer,
@@ -47,6 +48,9 @@ _EARLY_STEPS = 3  # the breakdown is re-read right after each of these first opt
 _SEND_HWM = 1000
 
 _sampler: Sampler | None = None
+# This engine's CURVE key pair (only the public half leaves) and the last (endpoint, server key).
+_keypair: tuple[bytes, bytes] | None = None
+_curve_server: tuple[str, bytes] | None = None
 _busy_flag = False
 _executing = False
 _lock = threading.Lock()
@@ -137,6 +141,7 @@ class Sampler(threading.Thread):
         reader: MemoryReader | None = None,
         send_interval: float = DEFAULT_SEND_INTERVAL,
         breakdown_interval: float = DEFAULT_BREAKDOWN_INTERVAL,
+        curve: tuple[bytes, bytes, bytes] | None = None,
     ) -> None:
         super().__init__(name="mpnb-memory-sampler", daemon=True)
         if busy_hz <= 0 or idle_hz <= 0:
@@ -154,6 +159,7 @@ class Sampler(threading.Thread):
         self._stop_event = threading.Event()
         self._key = key
         self._scheme = signature_scheme
+        self._curve = curve  # server public key, own public and secret key
         self._reader = reader
         self._reader_device: str | None = None
         self._fixed_reader = reader is not None
@@ -178,9 +184,7 @@ class Sampler(threading.Thread):
         try:
             socket.send(signer.packed(MSG_TYPE, samples_content(samples)), zmq.NOBLOCK)
             self.sent += len(samples)
-        except zmq.Again:  # kernel not reading: drop rather than block the engine
-            self.errors += 1
-        except Exception:
+        except Exception:  # zmq.Again: the kernel is not reading; drop rather than block the engine
             self.errors += 1
 
     def _send_estimate(self, socket: Any, signer: Signer, trainer: Any) -> None:
@@ -201,6 +205,8 @@ class Sampler(threading.Thread):
         socket = context.socket(zmq.PUSH)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.SNDHWM, _SEND_HWM)
+        if self._curve is not None:  # the kernel's channel admits only the keys it was given
+            socket.curve_serverkey, socket.curve_publickey, socket.curve_secretkey = self._curve
         socket.connect(self.endpoint)
         pending: list[dict[str, Any]] = []
         last_send = 0.0
@@ -245,7 +251,8 @@ class Sampler(threading.Thread):
                     self.errors += 1
                 # Batch while busy: each send hands the GIL back and forth several times, which
                 # a training loop on a crowded CPU feels; a busy/idle change goes out at once.
-                if pending and (busy != last_busy or now - last_send >= self.send_interval):
+                full = len(pending) >= MAX_SAMPLES_PER_MESSAGE  # the kernel refuses more in one
+                if pending and (full or busy != last_busy or now - last_send >= self.send_interval):
                     self._send(socket, signer, pending)
                     pending, last_send, last_busy = [], now, busy
                 self.cpu_seconds = time.thread_time()
@@ -273,6 +280,28 @@ def _engine_session() -> tuple[bytes, str]:
     return kernel.session.key, kernel.session.signature_scheme
 
 
+def curve_publickey() -> bytes:
+    """This engine's CURVE public key for the kernel's allow-list (the secret half stays here)."""
+    return _own_keypair()[0]
+
+
+def _own_keypair() -> tuple[bytes, bytes]:
+    global _keypair
+    import zmq
+
+    _keypair = _keypair or zmq.curve_keypair()
+    return _keypair
+
+
+def _curve_for(endpoint: str, serverkey: bytes | None) -> tuple[bytes, bytes, bytes] | None:
+    global _curve_server
+    if serverkey:
+        _curve_server = (endpoint, serverkey)
+    elif _curve_server is not None and _curve_server[0] == endpoint:
+        serverkey = _curve_server[1]  # a restart by hand (new rates, another key) keeps the channel's
+    return (serverkey, *_own_keypair()) if serverkey else None
+
+
 def _set_execute_hooks(on: bool) -> None:
     from IPython import get_ipython
 
@@ -294,20 +323,24 @@ def start(
     busy_hz: float = DEFAULT_BUSY_HZ,
     idle_hz: float = DEFAULT_IDLE_HZ,
     reader: MemoryReader | None = None,
+    curve_serverkey: bytes | None = None,
 ) -> dict[str, Any]:
     """Start (or restart) this engine's sampler, pushing to the kernel at `endpoint`.
 
     Without `key`, the engine's own ipyparallel session key is used, so the
-    secret never travels over the network.
+    secret never travels over the network (under CurveZMQ, the kernel sends one, encrypted).
+    `curve_serverkey`: the kernel channel's (else the last given for this endpoint).
     """
     global _sampler
     if key is None:
         key, scheme = _engine_session()
         signature_scheme = signature_scheme or scheme
+    curve = _curve_for(endpoint, curve_serverkey)
     with _lock:
         if _sampler is not None:
             _sampler.stop()
-        _sampler = Sampler(endpoint, key, signature_scheme or "hmac-sha256", busy_hz, idle_hz, reader)
+        scheme = signature_scheme or "hmac-sha256"
+        _sampler = Sampler(endpoint, key, scheme, busy_hz, idle_hz, reader, curve=curve)
         _set_execute_hooks(True)
         _sampler.start()
     return {"rank": state.rank, "endpoint": endpoint, "busy_hz": busy_hz, "idle_hz": idle_hz}

@@ -3,16 +3,30 @@
 Each engine's sampler (`mpnb.engine.monitor`) pushes signed messages here
 (format: `mpnb.monitoring.protocol`). A receiver thread checks each signature
 with the cluster's key (the same `jupyter_client.Session` HMAC that ipyparallel
-uses; unsigned, badly signed and replayed messages are dropped and counted) and
-hands the samples to a `MemoryStore` in batches. The socket binds to the
-cluster's interface (127.0.0.1 for a local cluster), never to all interfaces
-unless asked to.
+uses; unsigned, badly signed, replayed and oversized messages are dropped and
+counted, and so are signed samples with bad fields) and hands the samples to a
+`MemoryStore` in batches; nothing that arrives ends the thread. The socket binds
+to the cluster's interface (127.0.0.1 for a local cluster), never to all
+interfaces unless asked to, and refuses frames over `protocol.MAX_MESSAGE_BYTES`
+before reading them.
+
+`attach` makes the socket a CURVE server with a key pair of its own and a ZAP
+allow-list of the engines' public keys (each engine makes its pair; only the
+public half travels). A process that is not one of the session's engines cannot
+complete the handshake, so it cannot make the kernel hold any message at all
+(zmq queues a multipart message whole before anyone can read it, whatever the
+frame size limit). Samples are still signed: CURVE keeps strangers out and
+encrypts, the HMAC says which key the sender holds. Under ipyparallel's own
+CurveZMQ (`IPP_ENABLE_CURVE=1`, its session key then empty) the channel signs
+with a random key, sent to the engines inside ipyparallel's encrypted messages.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import secrets
 import socket as pysocket
 import threading
 from typing import TYPE_CHECKING, Any
@@ -24,12 +38,31 @@ from mpnb.monitoring import protocol
 if TYPE_CHECKING:
     from mpnb.monitoring.store import MemoryStore
 
+log = logging.getLogger(__name__)
+
 _MAX_BATCH = 500
+# Complete messages queued per engine connection before zmq pushes back on the sender (engines
+# send ~4 a second); keeps a flood's backlog in the sender's memory, not the kernel's.
+_RCVHWM = 64
 INTERFACE_ENV = "MPNB_MONITOR_INTERFACE"
 
 
+class _AllowList:
+    """ZAP credentials provider: the CURVE public keys (Z85) allowed to connect."""
+
+    def __init__(self) -> None:
+        self.keys: set[bytes] = set()
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return key in self.keys
+
+
 class MonitorChannel:
-    """Binds a PULL socket and feeds verified samples to a store from a background thread."""
+    """Binds a PULL socket and feeds verified samples to a store from a background thread.
+
+    With `curve_secretkey` the socket is a CURVE server that admits only the public
+    keys given to `allow`.
+    """
 
     def __init__(
         self,
@@ -38,6 +71,7 @@ class MonitorChannel:
         signature_scheme: str = "hmac-sha256",
         interface: str = "127.0.0.1",
         port: int = 0,
+        curve_secretkey: bytes | None = None,
     ) -> None:
         if not key:
             raise ClusterError(
@@ -47,8 +81,17 @@ class MonitorChannel:
         self.store = store
         self.interface = interface
         self.received = 0  # samples accepted
-        self.dropped = 0  # messages rejected (bad signature, malformed, replayed)
+        self.dropped = 0  # messages rejected (bad signature, malformed, replayed, failed handling)
+        self.invalid = 0  # samples in signed messages dropped for a field of the wrong type or range
         self._key = key
+        self._curve_secretkey = curve_secretkey
+        self.curve_publickey: bytes | None = None  # what engines need to connect over CURVE
+        self._allowed = _AllowList()
+        self._authenticator: Any = None
+        if curve_secretkey:
+            import zmq
+
+            self.curve_publickey = zmq.curve_public(curve_secretkey)
         self._scheme = signature_scheme
         self._port = port
         self._endpoint: str | None = None
@@ -63,6 +106,14 @@ class MonitorChannel:
             raise RuntimeError("MonitorChannel.start() has not been called")
         return self._endpoint
 
+    def allow(self, public_keys: list[bytes]) -> None:
+        """Let clients with these CURVE public keys (Z85, as `zmq.curve_keypair` makes them) connect."""
+        self._allowed.keys.update(public_keys)
+
+    @property
+    def signing_key(self) -> bytes:
+        return self._key
+
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -74,8 +125,20 @@ class MonitorChannel:
         if self.running:
             return self.endpoint
         self._context = zmq.Context()
+        if self._curve_secretkey:  # the allow-list must answer before the first handshake
+            from zmq.auth.thread import ThreadAuthenticator
+
+            self._authenticator = ThreadAuthenticator(self._context, log=log.getChild("zap"))
+            self._authenticator.start()
+            self._authenticator.configure_curve_callback("*", self._allowed)
         sock = self._context.socket(zmq.PULL)
         sock.setsockopt(zmq.LINGER, 0)
+        # Set before bind: a larger frame disconnects its sender before zmq allocates it.
+        sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
+        sock.setsockopt(zmq.RCVHWM, _RCVHWM)
+        if self._curve_secretkey:
+            sock.curve_server = True
+            sock.curve_secretkey = self._curve_secretkey
         try:
             if self._port:
                 sock.bind(f"tcp://{self.interface}:{self._port}")
@@ -84,7 +147,7 @@ class MonitorChannel:
                 port = sock.bind_to_random_port(f"tcp://{self.interface}")
         except zmq.ZMQError as e:
             sock.close()
-            self._context.term()
+            self._close_context()
             raise ClusterError(
                 f"The memory monitor could not listen on {self.interface}: {e}. Set the environment "
                 f"variable {INTERFACE_ENV} to an address of this machine that the engines can reach."
@@ -105,44 +168,58 @@ class MonitorChannel:
 
     def _receive_loop(self) -> None:
         import zmq
-        from jupyter_client.session import Session
 
-        session = Session(key=self._key, signature_scheme=self._scheme, username="mpnb-kernel")
+        verifier = protocol.Verifier(self._key, self._scheme)
         sock = self._socket
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         try:
             while not self._stop_event.is_set():
-                if not poller.poll(100):
-                    continue
-                batch: list[dict[str, Any]] = []
-                while len(batch) < _MAX_BATCH:
-                    try:
-                        frames = sock.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    batch.extend(self._verify(session, frames))
-                if batch:
-                    self.received += len(batch)
-                    self.store.add(batch)
+                try:
+                    self._receive_some(zmq, poller, sock, verifier)
+                except Exception:  # whatever arrives, the monitor keeps running
+                    self.dropped += 1
+                    log.debug("mpnb monitor: a batch failed", exc_info=True)
+                    self._stop_event.wait(0.05)  # no busy loop if the failure repeats
         finally:
             sock.close(linger=0)
-            self._context.term()
+            self._close_context()
 
-    def _verify(self, session: Any, frames: list[bytes]) -> list[dict[str, Any]]:
-        """The samples in one message, or [] (and a count in `dropped`) if it is not authentic.
+    def _close_context(self) -> None:
+        if self._authenticator is not None:
+            self._authenticator.stop()
+            self._authenticator = None
+        self._context.term()
+
+    def _receive_some(self, zmq: Any, poller: Any, sock: Any, verifier: protocol.Verifier) -> None:
+        if not poller.poll(100):
+            return
+        batch: list[dict[str, Any]] = []
+        while len(batch) < _MAX_BATCH:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            batch.extend(self._verify(verifier, frames))
+        if batch:
+            self.received += len(batch)
+            self.store.add(batch)
+
+    def _verify(self, verifier: protocol.Verifier, frames: list[bytes]) -> list[dict[str, Any]]:
+        """The valid samples in one message, or [] (and a count in `dropped`) if it is not authentic.
 
         A message may also carry the estimate for the rank's new Trainer, which goes
-        to `store.set_estimate`.
+        to `store.set_estimate`. Samples with bad fields are counted in `invalid`.
         """
         try:
-            samples, estimate = protocol.decode(session, frames)
+            decoded = protocol.decode(verifier, frames)
+            if decoded.estimate is not None:
+                self.store.set_estimate(decoded.estimate)
         except Exception:
             self.dropped += 1
             return []
-        if estimate is not None:
-            self.store.set_estimate(estimate)
-        return samples
+        self.invalid += decoded.invalid
+        return decoded.samples
 
 
 def bind_interface(client: Any) -> str:
@@ -189,26 +266,44 @@ def attach(session: Any, busy_hz: float | None = None, idle_hz: float | None = N
 
     channel: MonitorChannel | None = getattr(session, "monitor_channel", None)
     if channel is None or not channel.running:
-        client = session.client
-        channel = MonitorChannel(
-            session.memory,
-            key=client.session.key,
-            signature_scheme=client.session.signature_scheme,
-            interface=bind_interface(client),
-        )
+        channel = _new_channel(session)
         channel.start()
         session.monitor_channel = channel
     rates = {
         "busy_hz": busy_hz if busy_hz is not None else monitor.DEFAULT_BUSY_HZ,
         "idle_hz": idle_hz if idle_hz is not None else monitor.DEFAULT_IDLE_HZ,
     }
+    extra: dict[str, Any] = {"curve_serverkey": channel.curve_publickey}
+    if channel.signing_key != session.client.session.key:  # ipyparallel's CurveZMQ: no key of its own
+        extra.update(key=channel.signing_key, signature_scheme=channel._scheme)
     try:
-        session.view().apply_sync(monitor.start, channel.endpoint, **rates)
+        channel.allow(session.view().apply_sync(monitor.curve_publickey))
+        session.view().apply_sync(monitor.start, channel.endpoint, **rates, **extra)
     except Exception:
         channel.stop()
         session.monitor_channel = None
         raise
     return channel
+
+
+def _new_channel(session: Any) -> MonitorChannel:
+    """A CURVE server with a fresh key pair, checking signatures with the cluster's key.
+
+    ipyparallel with `IPP_ENABLE_CURVE=1` encrypts its own sockets and drops its HMAC key;
+    then the channel signs with a random key, which reaches the engines inside
+    ipyparallel's CURVE-encrypted messages and never touches disk. A cluster with
+    neither has no secret at all, and the channel refuses it.
+    """
+    import zmq
+
+    client = session.client
+    key = client.session.key
+    if not key and getattr(client, "curve_serverkey", None):
+        key = secrets.token_bytes(32)
+    _, secret = zmq.curve_keypair()
+    return MonitorChannel(
+        session.memory, key, client.session.signature_scheme, bind_interface(client), curve_secretkey=secret
+    )
 
 
 def detach(session: Any, timeout: float = 5.0) -> None:

@@ -8,6 +8,10 @@ type `MSG_TYPE`, its frames joined by `FRAME_SEPARATOR` into one. Its content is
 `{"samples": [sample, ...]}`, plus `"estimate": {str(rank): bytes}` once for each
 new Trainer. Sample fields: docs/internals.md ("Memory samples").
 
+The kernel (`Verifier`) checks the HMAC before it parses anything, then requires each
+sender's message counter to grow (a replay carries an old one), then checks every
+field's type and range: a signed but malformed sample is dropped, never stored.
+
 Imported on both sides: standard library only (no torch, no ipywidgets, no zmq).
 """
 
@@ -17,7 +21,9 @@ import hashlib
 import hmac
 import json
 import uuid
+from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -43,8 +49,23 @@ SAMPLE_KEYS = (
     "oom_count",
     *CATEGORIES,
 )
-# The fields the kernel needs to store a sample; a message with a sample lacking one is dropped.
+# The fields the kernel needs to store a sample; a sample lacking one is dropped.
 REQUIRED_KEYS = ("rank", "t", "used")
+DEVICE_KINDS = ("cpu", "cuda")
+# Non-negative integer fields (bytes and counts); device_used may also be None (no NVML).
+COUNT_KEYS = ("used", "reserved", "peak", "capacity", "oom_count", *CATEGORIES)
+
+# Limits on what the kernel accepts. Engines send at most 0.25 s of samples per message (3 at
+# 10 Hz, ~400 bytes each); these leave room for much faster configured rates and big worlds while
+# bounding what any local process can make the kernel hold before the signature is checked.
+MAX_MESSAGE_BYTES = 1 << 20  # also the PULL socket's ZMQ_MAXMSGSIZE
+MAX_SAMPLES_PER_MESSAGE = 1000  # the engine splits larger batches
+MAX_RANK = 1 << 14  # ranks are 0 <= rank < MAX_RANK
+_MAX_COUNT = 1 << 63  # bytes and counts fit an int64
+_MAX_TIME = 1e12  # unix seconds, finite (year ~33 700)
+# Senders (one per sampler thread) whose last counter the kernel remembers; the least recently
+# heard is forgotten first. Only holders of the key can add one.
+MAX_SENDERS = 4096
 
 Sample = dict[str, Any]
 
@@ -98,10 +119,11 @@ def estimate_content(totals: dict[int, int]) -> dict[str, Any]:
 class Signer:
     """Builds signed messages in `jupyter_client.Session`'s wire format, cheaply.
 
-    The kernel verifies them with a real `Session` (HMAC over header, parent,
-    metadata and content; a digest seen twice is a replay). Building them here
-    without `Session.send` costs a tenth as much, which matters at 10 Hz beside
-    a training loop.
+    The kernel verifies them with `Verifier` (HMAC over header, parent, metadata
+    and content; the counter at the end of `msg_id`, as `Session` numbers its
+    messages, must grow per sender `session`). Building them here without
+    `Session.send` costs a tenth as much, which matters at 10 Hz beside a
+    training loop.
     """
 
     DELIM = b"<IDS|MSG>"
@@ -137,27 +159,122 @@ class Signer:
         return FRAME_SEPARATOR.join(self.frames(msg_type, content))
 
 
-def decode(session: Any, frames: Sequence[bytes]) -> tuple[list[Sample], dict[int, int] | None]:
-    """The samples and the estimate (or None) in one message; raises if it is not authentic.
+class AuthenticationError(ValueError):
+    """Unsigned, badly signed, replayed or not one of ours: the whole message is dropped."""
 
-    `session` is a `jupyter_client.Session` with the cluster's key: it checks the
-    signature and refuses a digest it has seen before (a replay). Any exception
-    means: drop the message.
+
+def _int_in(value: Any, low: int, high: int) -> bool:
+    return type(value) is int and low <= value < high  # bool is an int subclass: refused
+
+
+def valid_sample(sample: Any) -> Sample | None:
+    """The sample with only its known fields if every one has the right type and range, else None."""
+    if not isinstance(sample, dict) or not all(key in sample for key in REQUIRED_KEYS):
+        return None
+    t = sample["t"]
+    if not _int_in(sample["rank"], 0, MAX_RANK):
+        return None
+    if type(t) not in (int, float) or not 0 <= t < _MAX_TIME:  # NaN compares False: refused too
+        return None
+    for key in COUNT_KEYS:
+        if key in sample and not _int_in(sample[key], 0, _MAX_COUNT):
+            return None
+    device_used = sample.get("device_used")
+    if device_used is not None and not _int_in(device_used, 0, _MAX_COUNT):
+        return None
+    if "busy" in sample and type(sample["busy"]) is not bool:
+        return None
+    if "device_kind" in sample and sample["device_kind"] not in DEVICE_KINDS:
+        return None
+    return {key: sample[key] for key in SAMPLE_KEYS if key in sample}
+
+
+def valid_estimate(estimate: Any) -> dict[int, int] | None:
+    """rank -> bytes from the JSON form, or None if any entry is not a rank and a byte count."""
+    if not isinstance(estimate, dict) or len(estimate) > MAX_RANK:
+        return None
+    out: dict[int, int] = {}
+    for rank, total in estimate.items():
+        if not (isinstance(rank, str) and rank.isascii() and rank.isdigit() and len(rank) <= 6):
+            return None
+        if not _int_in(int(rank), 0, MAX_RANK) or not _int_in(total, 0, _MAX_COUNT):
+            return None
+        out[int(rank)] = total
+    return out
+
+
+@dataclass
+class Decoded:
+    """What one authentic message brings: valid samples, the estimate or None, and what was refused."""
+
+    samples: list[Sample]
+    estimate: dict[int, int] | None = None
+    invalid: int = 0  # samples (and a bad estimate) dropped for a wrong type or range
+
+
+class Verifier:
+    """The kernel's check of `Signer`'s messages (and of any `jupyter_client.Session` message).
+
+    The HMAC is checked before anything is parsed or remembered, so junk costs a hash and
+    leaves no trace. Then the counter at the end of the signed `msg_id` must be greater than
+    the last one accepted from the same sender (`header["session"]`, new for each sampler
+    thread): a captured message replayed later carries an old counter. One thread only.
     """
-    frames = list(frames)
-    if len(frames) == 1:  # packed by Signer.packed
-        frames = frames[0].split(FRAME_SEPARATOR)
-    _, msg_frames = session.feed_identities(frames, copy=True)
-    msg = session.deserialize(msg_frames, content=True)
-    if msg["header"].get("msg_type") != MSG_TYPE:
-        raise ValueError("unexpected message type")
-    content = msg["content"]
-    samples = content["samples"]
-    if not isinstance(samples, list) or not all(
-        isinstance(s, dict) and all(k in s for k in REQUIRED_KEYS) for s in samples
-    ):
+
+    def __init__(self, key: bytes, signature_scheme: str = "hmac-sha256") -> None:
+        algorithm = signature_scheme.split("-", 1)[1]
+        self._auth = hmac.new(key, digestmod=getattr(hashlib, algorithm))
+        self._last: OrderedDict[str, int] = OrderedDict()
+
+    def open(self, frames: Sequence[bytes]) -> tuple[dict[str, Any], bytes]:
+        """The header and the raw content of an authentic, fresh message; raises otherwise."""
+        frames = list(frames)
+        if len(frames) == 1:  # packed by Signer.packed
+            frames = frames[0].split(FRAME_SEPARATOR, 6)
+        if sum(len(f) for f in frames) > MAX_MESSAGE_BYTES:
+            raise AuthenticationError("message too large")
+        try:
+            parts = frames[frames.index(Signer.DELIM) + 1 :]
+        except ValueError:
+            raise AuthenticationError("no message delimiter") from None
+        if len(parts) != 5:
+            raise AuthenticationError("not a five-part message")
+        signature, *signed = parts
+        digest = self._auth.copy()
+        for part in signed:
+            digest.update(part)
+        if not signature or not hmac.compare_digest(digest.hexdigest().encode(), signature):
+            raise AuthenticationError("bad signature")
+        header = json.loads(signed[0])
+        sender, msg_id = header.get("session"), header.get("msg_id")
+        counter = msg_id.rsplit("_", 1)[-1] if isinstance(msg_id, str) else ""
+        if not isinstance(sender, str) or not (counter.isascii() and counter.isdigit()) or len(counter) > 18:
+            raise AuthenticationError("no sender counter")
+        if int(counter) <= self._last.get(sender, -1):
+            raise AuthenticationError("replayed message")
+        self._last[sender] = int(counter)
+        self._last.move_to_end(sender)
+        if len(self._last) > MAX_SENDERS:
+            self._last.popitem(last=False)
+        if header.get("msg_type") != MSG_TYPE:
+            raise AuthenticationError("unexpected message type")
+        return header, signed[3]
+
+
+def decode(verifier: Verifier, frames: Sequence[bytes]) -> Decoded:
+    """The valid samples and the estimate in one message; raises if it is not authentic.
+
+    Any exception means: drop the whole message. A signed message with bad fields
+    loses only those samples (counted in `Decoded.invalid`).
+    """
+    _, raw = verifier.open(frames)
+    content = json.loads(raw)
+    samples = content.get("samples") if isinstance(content, dict) else None
+    if not isinstance(samples, list) or len(samples) > MAX_SAMPLES_PER_MESSAGE:
         raise ValueError("malformed samples")
-    estimate = content.get("estimate")
-    if estimate is None:
-        return samples, None
-    return samples, {int(rank): int(total) for rank, total in estimate.items()}
+    valid = [v for v in map(valid_sample, samples) if v is not None]
+    out = Decoded(valid, invalid=len(samples) - len(valid))
+    if content.get("estimate") is not None:
+        out.estimate = valid_estimate(content["estimate"])
+        out.invalid += out.estimate is None
+    return out

@@ -5,6 +5,9 @@ A real 2-engine CPU cluster; the readers with faked CUDA and NVML are tested in 
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -87,11 +90,20 @@ def test_rates_are_configurable(sess):
         sess.view().apply_sync(monitor.configure, idle_hz=monitor.DEFAULT_IDLE_HZ)
 
 
-def _send(endpoint: str, frames_list: list[list[bytes]]) -> None:
+def _send(channel: monitor_channel.MonitorChannel, frames_list: list[list[bytes]]) -> None:
+    """Push from this process, as an engine would: with a CURVE pair the channel allows."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.LINGER, 2000)
-    sock.connect(endpoint)
+    if getattr(channel, "curve_publickey", None):
+        public, secret = zmq.curve_keypair()
+        channel.allow([public])
+        sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = (
+            channel.curve_publickey,
+            public,
+            secret,
+        )
+    sock.connect(channel.endpoint)
     for frames in frames_list:
         sock.send_multipart(frames)
     sock.close()
@@ -115,12 +127,151 @@ def test_unsigned_badly_signed_and_replayed_messages_are_dropped(sess):
     unsigned = Session(key=b"").serialize(
         Session(key=b"").msg(monitor.MSG_TYPE, {"samples": [_fake_sample(97)]})
     )
-    _send(channel.endpoint, [forged, unsigned, [b"garbage"], valid, valid])  # the last is a replay
+    _send(channel, [forged, unsigned, [b"garbage"], valid, valid])  # the last is a replay
 
     # the receiver counts drops as it reads and stores the batch after: wait for both
     assert wait_for(lambda: channel.dropped >= dropped + 4 and store.samples(98)), channel.dropped - dropped
     assert len(store.samples(98)) == 1  # the authentic one got through, its replay did not
     assert store.samples(99) == [] and store.samples(97) == []
+
+
+# -- another local process attacks the channel (issue 14: items 3, 4, 5)
+
+# Runs in a separate process with its own zmq context; reads its orders as JSON on stdin.
+ATTACKER = r"""
+import json, os, sys, threading, zmq
+from mpnb.monitoring.protocol import MSG_TYPE, Signer
+orders = json.load(sys.stdin)
+ctx = zmq.Context()
+sock = ctx.socket(zmq.PUSH)
+sock.setsockopt(zmq.LINGER, orders.get("linger_ms", 10000))
+sock.setsockopt(zmq.SNDTIMEO, orders.get("linger_ms", 10000))  # a refused sender's sends would block
+if orders.get("curve"):  # [server public, own public, own secret]: an allowed sender
+    sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = (k.encode() for k in orders["curve"])
+sock.connect(orders["endpoint"])
+signer = Signer(bytes.fromhex(orders.get("key", "00")))
+
+def send(*frames):
+    try:
+        sock.send_multipart(frames)
+    except zmq.Again:
+        pass
+
+
+for step in orders["steps"]:
+    if step[0] == "big":  # one frame of this many MiB
+        send(b"x" * (step[1] << 20))
+    elif step[0] == "parts":  # one message of this many parts of just under 1 MiB
+        send(*[b"x" * ((1 << 20) - 64)] * step[1])
+    elif step[0] == "signed":  # a signed message with these samples
+        send(signer.packed(MSG_TYPE, {"samples": step[1]}))
+    elif step[0] == "capture":  # a signed message, remembered for a replay
+        captured = signer.packed(MSG_TYPE, {"samples": step[1]})
+        send(captured)
+    elif step[0] == "junk":  # this many messages with forged signatures
+        head = captured.split(b"\0")[2]
+        for i in range(step[1]):
+            send(b"\0".join([Signer.DELIM, b"%064x" % i, head, b"{}", b"{}", b"{}"]))
+    elif step[0] == "replay":
+        send(captured)
+sock.close()
+# A sender refused at the handshake can keep zmq's term waiting past its linger: leave anyway.
+watchdog = threading.Timer(orders.get("linger_ms", 10000) / 1000 + 2, os._exit, (0,))
+watchdog.daemon = True
+watchdog.start()
+ctx.term()
+"""
+
+
+def _attack(channel, steps: list, allowed: bool = True, signed: bool = True, linger_ms: int = 10000) -> None:
+    """Run ATTACKER in another process; `allowed`: with a CURVE pair the channel admits (an engine's)."""
+    orders: dict = {"endpoint": channel.endpoint, "steps": steps, "linger_ms": linger_ms}
+    server = getattr(channel, "curve_publickey", None)
+    if server and allowed:
+        public, secret = zmq.curve_keypair()
+        channel.allow([public])
+        orders["curve"] = [server.decode(), public.decode(), secret.decode()]
+    if signed:
+        orders["key"] = mpnb_session_key().hex()
+    subprocess.run(
+        [sys.executable, "-c", ATTACKER], input=json.dumps(orders), text=True, timeout=180, check=True
+    )
+
+
+def mpnb_session_key() -> bytes:
+    import mpnb
+
+    return mpnb.session().client.session.key
+
+
+def _kernel_peak_rss_growth(action) -> int:
+    """Bytes by which this process's peak RSS (the kernel's: the channel runs here) rose during `action`."""
+
+    def status(field: str) -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field))
+
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # restart the peak (VmHWM) from the present RSS
+    before = status("VmRSS:")
+    action()
+    return status("VmHWM:") - before
+
+
+def _engines_still_report(store: MemoryStore) -> bool:
+    since = time.time()
+    return wait_for(lambda: all(_window(store, r, since, since + 60) for r in (0, 1)), 10)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the peak RSS from /proc")
+def test_oversized_frames_from_another_process_leave_the_kernel_small(sess):
+    channel = sess.monitor_channel
+
+    def attack() -> None:
+        # a stranger: a 300 MiB frame, then 300 parts of 1 MiB (zmq holds a multipart message whole)
+        _attack(channel, [["big", 300], ["parts", 300]], allowed=False, signed=False, linger_ms=3000)
+        # a sender the channel admits: frames over the size limit cost it its connection, not our memory
+        _attack(channel, [["big", 64], ["big", 2]], signed=False, linger_ms=3000)
+        time.sleep(1.0)
+
+    growth = _kernel_peak_rss_growth(attack)
+    assert growth < 64 * 2**20, f"the kernel's peak RSS rose by {growth / 2**20:.0f} MiB"
+    assert channel.running and _engines_still_report(sess.memory)
+
+
+def test_malformed_signed_samples_are_dropped_counted_and_the_monitor_goes_on(sess):
+    from mpnb.monitoring.report import memory_report
+
+    channel, store = sess.monitor_channel, sess.memory
+    invalid, now = channel.invalid, time.time()
+    good = {**_fake_sample(94), "t": now}
+    bad = [
+        {**good, "rank": "x"},
+        {**good, "t": "soon"},
+        {**good, "rank": 10**9},
+        {**good, "used": -1},
+        {**good, "busy": "yes"},
+        {**good, "device_kind": "tpu"},
+        "not a sample",
+    ]
+    _attack(channel, [["signed", [b]] for b in bad] + [["signed", [*bad, good]]])
+    assert wait_for(lambda: channel.invalid >= invalid + 2 * len(bad) and store.samples(94), 10), (
+        channel.invalid
+    )
+    assert channel.running
+    assert [s["t"] for s in store.samples(94)] == [now]
+    assert all(isinstance(s["t"], float) for s in store.samples())  # sorting, the report, the sidebar
+    assert 94 in memory_report(sess).to_dict()
+    assert _engines_still_report(store)
+
+
+def test_a_replay_after_a_flood_of_junk_signatures_is_refused(sess):
+    channel, store = sess.monitor_channel, sess.memory
+    dropped, flood = channel.dropped, 300_000  # enough to flush jupyter_client's digest history (65 536)
+    _attack(channel, [["capture", [_fake_sample(93)]], ["junk", flood], ["replay"]])
+    assert wait_for(lambda: channel.dropped >= dropped + flood + 1, 120), channel.dropped - dropped
+    assert len(store.samples(93)) == 1  # the genuine message once, its replay refused
+    assert channel.running and _engines_still_report(store)
 
 
 def test_engine_with_the_wrong_key_is_ignored(sess):
@@ -279,3 +430,22 @@ def test_samples_stop_when_the_cluster_stops(sess):
     assert len(store.samples()) == count
     assert not any(s["t"] > stopped + 0.5 for s in store.samples())
     assert not channel.running
+
+
+def test_memory_samples_arrive_from_a_cluster_with_curve(monkeypatch):
+    """ipyparallel with CurveZMQ has no HMAC key; the channel signs with a key of its own (issue 14: 11)."""
+    import mpnb
+
+    monkeypatch.setenv("IPP_ENABLE_CURVE", "1")
+    sess = mpnb.start(n=2, timeout=30, verbose=False)
+    try:
+        assert sess.client.curve_serverkey and not sess.client.session.key
+        channel = sess.monitor_channel
+        assert channel is not None and channel.running and channel.curve_publickey
+        assert _engines_still_report(sess.memory)
+        t0 = time.time()
+        sess.view().execute("import time; time.sleep(1)", block=True)
+        assert all(any(s["busy"] for s in _window(sess.memory, r, t0, time.time())) for r in (0, 1))
+        assert channel.dropped == 0
+    finally:
+        mpnb.stop()

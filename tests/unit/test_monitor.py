@@ -5,11 +5,14 @@ CUDA and NVML are the only fakes; the real path runs in benchmarks/gpu_check.py.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from mpnb.engine import monitor
 from mpnb.engine.readers import CpuReader, CudaReader, MemoryReading
 from mpnb.monitoring import channel as monitor_channel
+from mpnb.monitoring import protocol
 from mpnb.monitoring.store import MemoryStore
 from tests.helpers import wait_for
 
@@ -99,3 +102,159 @@ def test_channel_refuses_to_run_without_a_key():
 
     with pytest.raises(ClusterError, match="key"):
         monitor_channel.MonitorChannel(MemoryStore(), b"")
+
+
+# -- the wire format: signatures, counters, field checks (issue 14: items 3, 4, 5)
+
+KEY = b"unit-test-key"
+
+
+def _good_sample(rank: int = 0, **fields) -> dict:
+    sample = protocol.make_sample(
+        rank=rank,
+        t=1.7e9,
+        busy=False,
+        device_kind="cpu",
+        used=100,
+        reserved=100,
+        peak=120,
+        capacity=1000,
+        device_used=None,
+        oom_count=0,
+        parts={},
+    )
+    return {**sample, **fields}
+
+
+def _packed(signer: protocol.Signer, samples: list, **extra) -> list[bytes]:
+    return [signer.packed(protocol.MSG_TYPE, {"samples": samples, **extra})]
+
+
+BAD_FIELDS = [
+    {"rank": "x"},
+    {"rank": -1},
+    {"rank": protocol.MAX_RANK},
+    {"rank": True},
+    {"rank": 1.0},
+    {"t": "soon"},
+    {"t": float("nan")},
+    {"t": float("inf")},
+    {"t": -1.0},
+    {"t": 10**400},
+    {"t": None},
+    {"busy": "yes"},
+    {"busy": 1},
+    {"device_kind": "tpu"},
+    {"used": -5},
+    {"used": 1.5},
+    {"used": "100"},
+    {"used": 2**63},
+    {"peak": None},
+    {"device_used": "a"},
+    {"device_used": -1},
+    {"parameters": [1]},
+    {"oom_count": False},
+]
+
+
+@pytest.mark.parametrize("bad", BAD_FIELDS, ids=lambda d: repr(d))
+def test_a_signed_sample_with_a_bad_field_is_dropped_and_counted(bad):
+    verifier, signer = protocol.Verifier(KEY), protocol.Signer(KEY)
+    decoded = protocol.decode(verifier, _packed(signer, [_good_sample(1), {**_good_sample(2), **bad}]))
+    assert [s["rank"] for s in decoded.samples] == [1] and decoded.invalid == 1
+
+
+def test_valid_samples_keep_their_fields_and_lose_unknown_ones():
+    verifier, signer = protocol.Verifier(KEY), protocol.Signer(KEY)
+    cuda = _good_sample(3, device_kind="cuda", device_used=7, busy=True, t=1_700_000_000)
+    minimal = {"rank": 4, "t": 1.5, "used": 0}  # what older senders and hand-made messages carry
+    decoded = protocol.decode(verifier, _packed(signer, [cuda, {**minimal, "junk": "x" * 100}, "nope"]))
+    assert decoded.samples == [cuda, minimal] and decoded.invalid == 1
+    assert decoded.estimate is None
+
+
+def test_estimates_are_checked_too():
+    verifier, signer = protocol.Verifier(KEY), protocol.Signer(KEY)
+    good = protocol.decode(verifier, _packed(signer, [], estimate={"0": 10, "1": 20}))
+    assert good.estimate == {0: 10, 1: 20} and good.invalid == 0
+    for bad in ({"x": 1}, {"0": -1}, {"0": "1"}, {"-1": 1}, [1, 2], {str(protocol.MAX_RANK): 1}):
+        decoded = protocol.decode(verifier, _packed(signer, [], estimate=bad))
+        assert decoded.estimate is None and decoded.invalid == 1, bad
+
+
+def test_too_many_samples_or_bytes_are_refused_whole():
+    verifier, signer = protocol.Verifier(KEY), protocol.Signer(KEY)
+    many = [_good_sample(0)] * (protocol.MAX_SAMPLES_PER_MESSAGE + 1)
+    with pytest.raises(ValueError, match="malformed"):
+        protocol.decode(verifier, _packed(signer, many))
+    with pytest.raises(protocol.AuthenticationError, match="too large"):
+        protocol.decode(verifier, [b"x" * (protocol.MAX_MESSAGE_BYTES + 1)])
+    assert len(protocol.decode(verifier, _packed(signer, many[:-1])).samples) == len(many) - 1
+
+
+def test_junk_never_reaches_the_replay_check_and_a_replay_is_refused_after_any_flood():
+    verifier, signer = protocol.Verifier(KEY), protocol.Signer(KEY)
+    captured = _packed(signer, [_good_sample(5)])
+    assert len(protocol.decode(verifier, captured).samples) == 1
+    for i in range(20_000):  # forged signatures: a hash each, nothing remembered
+        junk = [b"<IDS|MSG>", f"{i:064x}".encode(), captured[0].split(b"\x00")[2], b"{}", b"{}", b"{}"]
+        with pytest.raises(protocol.AuthenticationError, match="bad signature"):
+            verifier.open(junk)
+    with pytest.raises(protocol.AuthenticationError, match="replayed"):
+        protocol.decode(verifier, captured)
+    later = _packed(signer, [_good_sample(5)])  # the same sender's next message is fine
+    assert len(protocol.decode(verifier, later).samples) == 1
+    with pytest.raises(protocol.AuthenticationError, match="replayed"):
+        protocol.decode(verifier, captured)  # an older one stays refused
+
+
+def test_a_restarted_sender_and_jupyter_client_messages_are_accepted():
+    from jupyter_client.session import Session
+
+    verifier = protocol.Verifier(KEY)
+    for _ in range(2):  # a restarted sampler signs as a new sender, its counter from 1 again
+        assert protocol.decode(verifier, _packed(protocol.Signer(KEY), [_good_sample(6)])).samples
+    session = Session(key=KEY)  # msg_id "<session>_<pid>_<n>", n from 0
+    frames = [session.serialize(session.msg(protocol.MSG_TYPE, {"samples": [_good_sample(7)]}))]
+    first = protocol.decode(verifier, frames[0])
+    assert first.samples[0]["rank"] == 7
+    with pytest.raises(protocol.AuthenticationError, match="replayed"):
+        protocol.decode(verifier, frames[0])
+    with pytest.raises(protocol.AuthenticationError, match="bad signature"):
+        protocol.decode(protocol.Verifier(b"other-key"), _packed(protocol.Signer(KEY), []))
+    unsigned = Session(key=b"")
+    with pytest.raises(protocol.AuthenticationError, match="bad signature"):
+        protocol.decode(verifier, unsigned.serialize(unsigned.msg(protocol.MSG_TYPE, {"samples": []})))
+
+
+def test_a_curve_channel_admits_only_allowed_keys():
+    """The channel `attach` builds: a CURVE server with an allow-list; only an allowed pair gets in."""
+    import zmq
+
+    store = MemoryStore()
+    _, server_secret = zmq.curve_keypair()
+    channel = monitor_channel.MonitorChannel(store, KEY, curve_secretkey=server_secret)
+    endpoint = channel.start()
+    allowed, stranger = zmq.curve_keypair(), zmq.curve_keypair()
+    channel.allow([allowed[0]])
+    curve = (channel.curve_publickey, *allowed)
+    sampler = monitor.Sampler(endpoint, KEY, busy_hz=20, idle_hz=20, reader=CpuReader(), curve=curve)
+    intruder = monitor.Sampler(
+        endpoint, KEY, busy_hz=20, idle_hz=20, reader=CpuReader(), curve=(channel.curve_publickey, *stranger)
+    )
+    plain = monitor.Sampler(endpoint, KEY, busy_hz=20, idle_hz=20, reader=CpuReader())
+    for s in (sampler, intruder, plain):
+        s.start()
+    try:
+        assert wait_for(lambda: len(store.samples()) >= 10, 5)
+        sampler.stop()
+        assert wait_for(lambda: all(s.sent + s.errors >= 5 for s in (intruder, plain)), 10)  # they tried
+        received = channel.received
+        time.sleep(0.5)
+        assert channel.received == received  # nothing from the others arrived,
+        assert channel.dropped == 0  # not even as far as the signature check
+    finally:
+        for s in (sampler, intruder, plain):
+            s.stop()
+        channel.stop()
+    assert not channel.running
