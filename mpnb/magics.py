@@ -20,7 +20,8 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from mpnb.cluster import launch, lifecycle
 from mpnb.cluster import session as cluster
 from mpnb.errors import ConfigError, MpnbError, NoClusterError
-from mpnb.execution.cell_run import CellOptions, ranks_from_args, run_cell
+from mpnb.execution.cell_run import run_cell
+from mpnb.execution.options import CellOptions, expand_ranks, rank_spans
 from mpnb.execution.report import CellFailedError
 from mpnb.monitoring import dashboard
 
@@ -46,29 +47,19 @@ def _parser(name: str) -> _Parser:
     return _Parser(prog=f"%mpnb {name}", add_help=False)
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
-    return value
-
-
 def _build_parsers() -> dict[str, _Parser]:
     p: dict[str, _Parser] = {}
     start = p["start"] = _parser("start")
     start.add_argument("-n", type=int, default=None, help="CPU engines to start (default 2), or GPUs to use")
     start.add_argument("--devices", default=None, help="GPU indices, e.g. 0,1")
     start.add_argument("--backend", choices=launch.BACKENDS, default=None)
-    start.add_argument("--timeout", type=_positive_float, default=launch.DEFAULT_PG_TIMEOUT_S)
+    start.add_argument("--timeout", type=launch.check_timeout, default=launch.DEFAULT_PG_TIMEOUT_S)
     start.add_argument("--port", type=int, default=None, help="MASTER_PORT on rank 0 (default: a free one)")
     connect = p["connect"] = _parser("connect")
     connect.add_argument("--profile", default="default", help="ipyparallel profile name or directory")
     connect.add_argument("--cluster-id", default=None)
     connect.add_argument("--backend", choices=launch.BACKENDS, default=None)
-    connect.add_argument("--timeout", type=_positive_float, default=launch.DEFAULT_PG_TIMEOUT_S)
+    connect.add_argument("--timeout", type=launch.check_timeout, default=launch.DEFAULT_PG_TIMEOUT_S)
     for name in ("status", "restart", "heal", "stop"):
         p[name] = _parser(name)
     p["config"] = _parser("config")
@@ -213,7 +204,7 @@ class MpnbMagics(Magics):
     @argument("--rank", type=int, default=None, help="run on this one rank")
     @argument("--output", default="grouped", help="grouped (default): identical output once; all; rank0")
     @argument("--quiet", action="store_true", help="show only errors")
-    @argument("--timeout", type=float, default=None, help="interrupt the cell after this many seconds")
+    @argument("--timeout", default=None, help="interrupt the cell after this many seconds")
     @argument("--no-monitor", action="store_true", help="no live memory chart under this cell")
     @cell_magic
     def distributed(self, line: str, cell: str) -> Any:
@@ -224,14 +215,13 @@ class MpnbMagics(Magics):
             raise ConfigError(
                 f"%%distributed: {exc}. Usage: {self.distributed.__doc__.splitlines()[0]}"
             ) from None
-        sess = cluster.session()
         options = CellOptions(
-            ranks=ranks_from_args(args.ranks, args.rank),
-            output=args.output,
-            quiet=args.quiet,
-            timeout=args.timeout,
-            monitor=not args.no_monitor,
+            output=args.output, quiet=args.quiet, timeout=args.timeout, monitor=not args.no_monitor
         )
+        options.check()  # bad input is refused before a cluster is even looked for
+        spans = rank_spans(args.ranks, args.rank)
+        sess = cluster.session()
+        options.ranks = expand_ranks(spans, sess.world_size)  # checked against the world, then listed
         return run_cell(
             sess, cell, options, execution_count=getattr(self.shell, "execution_count", None), magic_line=line
         )

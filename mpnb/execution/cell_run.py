@@ -23,13 +23,13 @@ import queue
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mpnb.cluster import recovery
 from mpnb.engine.control import CELL_MARK, COLLECTIVE_MARK
-from mpnb.errors import ConfigError, RankError
+from mpnb.errors import RankError
 from mpnb.execution import ipp_private
+from mpnb.execution.options import CellOptions
 from mpnb.execution.output import format_ranks
 from mpnb.execution.output_cap import OutputCap
 from mpnb.execution.render import CellRenderer
@@ -49,63 +49,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mpnb")
 
-OUTPUT_MODES = ("grouped", "all", "rank0")
 IDLE_GRACE_S = 2.0  # after a rank's reply, how long its trailing output may still arrive
 _cell_counter = itertools.count(1)
-
-
-@dataclass
-class CellOptions:
-    ranks: list[int] | None = None  # None: every rank
-    output: str = "grouped"
-    quiet: bool = False
-    timeout: float | None = None  # seconds; None: no bound
-    monitor: bool = True
-
-    def validate(self, world_size: int) -> None:
-        if self.output not in OUTPUT_MODES:
-            raise ConfigError(f"--output must be one of {', '.join(OUTPUT_MODES)}, not {self.output!r}.")
-        if self.timeout is not None and not (self.timeout > 0 and self.timeout != float("inf")):
-            raise ConfigError(f"--timeout must be a positive number of seconds, not {self.timeout!r}.")
-        if self.ranks is not None:
-            if not self.ranks:
-                raise ConfigError("--ranks is empty. Give ranks like `--ranks 0,1`, or leave it out for all.")
-            bad = [r for r in self.ranks if not 0 <= r < world_size]
-            if bad:
-                raise ConfigError(
-                    f"Rank {', '.join(map(str, bad))} does not exist: "
-                    f"this cluster has ranks 0-{world_size - 1}. "
-                    "Pick ranks from that range."
-                )
-            if len(set(self.ranks)) != len(self.ranks):
-                raise ConfigError(f"--ranks lists a rank twice ({self.ranks}). Give each rank once.")
-
-
-def parse_ranks(text: str) -> list[int]:
-    """'0,2' or '0-3' or '0,2-3' -> sorted ranks."""
-    ranks: list[int] = []
-    try:
-        for part in text.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            if "-" in part:
-                lo, hi = part.split("-", 1)
-                ranks.extend(range(int(lo), int(hi) + 1))
-            else:
-                ranks.append(int(part))
-    except ValueError:
-        raise ConfigError(f"--ranks takes rank numbers like `0,2` or `0-3`, not {text!r}.") from None
-    return ranks
-
-
-def ranks_from_args(ranks: str | None, rank: int | None) -> list[int] | None:
-    """`--ranks` / `--rank` of `%%distributed` -> the ranks to run on, or None for all."""
-    if ranks is not None and rank is not None:
-        raise ConfigError("Give either --ranks or --rank, not both.")
-    if rank is not None:
-        return [rank]
-    return parse_ranks(ranks) if ranks is not None else None
 
 
 class CellRun:
@@ -172,6 +117,8 @@ class CellRun:
         kind = msg["header"]["msg_type"]
         if kind in ("stream", "display_data", "execute_result", "error", "update_display_data"):
             self._events.put((rank, kind, msg["content"]))
+        if kind in ("stream", "display_data"):  # runs after ipyparallel stored its copy: drop it
+            ipp_private.forget_output(self.session.client, msg)
 
     # -- the loop
     def wait(self) -> DistributedResult | None:
@@ -231,7 +178,7 @@ class CellRun:
                 if text:
                     r.merger.add_text(rank, payload["name"], text, now)
         elif kind in ("display_data", "update_display_data"):
-            if r.wants(rank):
+            if r.wants(rank) and self.output_cap.admit_display(rank, payload):
                 r.merger.add_display(rank, payload, now)
         elif kind == "execute_result":
             self.results[rank] = payload.get("data", {})
@@ -361,4 +308,4 @@ def _memory_chart(session: Session) -> Any:
         return None
 
 
-__all__: Sequence[str] = ["CellOptions", "CellRun", "parse_ranks", "ranks_from_args", "run_cell"]
+__all__: Sequence[str] = ["CellOptions", "CellRun", "run_cell"]

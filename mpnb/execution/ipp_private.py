@@ -42,6 +42,23 @@ def send_execute(
     )
 
 
+def forget_output(client: ipp.Client, msg: dict[str, Any]) -> None:
+    """Drop ipyparallel's own copy of a stream or display message, once mpnb has taken it.
+
+    ipyparallel appends every stream message to `client.metadata[msg_id]` (copying the whole text
+    so far each time) and keeps every display until the request is done: a cell that prints 200 MiB
+    would hold 200 MiB in the kernel while it runs, and many messages cost quadratic time (2 000
+    messages of 100 KB: over 2 minutes). mpnb shows output through its own capped callbacks, so the
+    copy is not needed."""
+    md = client.metadata.get(msg["parent_header"].get("msg_id"))
+    if md is None:
+        return
+    if msg["header"]["msg_type"] == "stream":
+        md[msg["content"]["name"]] = ""
+    else:
+        md["outputs"] = []
+
+
 def connection_config(client: ipp.Client) -> dict[str, Any]:
     """The client's connection info (`registration`, `interface`, `location`, ...); {} if unknown."""
     return getattr(client, "_config", None) or {}

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LOOKAHEAD = 20  # items searched ahead when ranks disagree, to realign on a common line
-MAX_LINE_CHARS = 10_000  # a "line" without newline longer than this is cut (floods)
+MAX_LINE_CHARS = 10_000  # characters a line keeps (`output_cap` cuts the rest, with a note)
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 

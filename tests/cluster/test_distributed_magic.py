@@ -215,6 +215,9 @@ def test_bad_cell_options_are_clear_errors(ip):
         ("%%distributed --output fancy", "--output must be one of grouped, all, rank0"),
         ("%%distributed --timeout -3", "--timeout must be a positive number"),
         ("%%distributed --bogus", "unrecognized arguments: --bogus"),
+        ("%%distributed --ranks 0-999999999", "Ranks 2-999999999 do not exist: this cluster has ranks 0-1"),
+        ("%%distributed --ranks 3-1", "--ranks 3-1: a range goes low-high, e.g. 1-3"),
+        ("%%distributed --timeout nan", "--timeout must be a positive number of seconds, not 'nan'"),
     ]:
         res, out, _, _ = run(ip, f"{line}\nprint('must not run')\n")
         assert not res.success, line
@@ -238,3 +241,58 @@ def test_interrupt_stops_all_ranks_and_keeps_namespace(ip, cluster):
     assert not res.success and time.monotonic() - t0 < 6
     assert cluster.cell["status"] == "stopped"
     assert run(ip, "%%distributed\nprint(kept)\n")[1].strip().splitlines() == ["[rank 0] 7", "[rank 1] 8"]
+
+
+def test_floods_of_bytes_and_displays_reach_the_notebook_capped_with_notes(ip):
+    from mpnb.execution.output_cap import MAX_CHARS_PER_RANK, MAX_DISPLAYS_PER_RANK, MAX_LINE_CHARS
+
+    code = (
+        "%%distributed --no-monitor\n"
+        "import sys\n"
+        "if rank == 0:\n"
+        "    mib = 'x' * 2**20\n"
+        "    for i in range(200):  # 200 MiB without a newline\n"
+        "        sys.stdout.write(mib)\n"
+        "        if i % 10 == 9:  # ~10 MiB messages, as a slower loop would send them\n"
+        "            sys.stdout.flush()\n"
+        "    print()\n"
+        "    for i in range(2000):\n"
+        "        print(f'long {i} ' + 'y' * 100_000, flush=True)  # 2 000 messages\n"
+        "print('normal', rank)\n"
+    )
+    t0 = time.monotonic()
+    res, out, err, _ = run(ip, code)
+    assert res.success, out[-2000:]
+    assert len(out) + len(err) < MAX_CHARS_PER_RANK + 2 * 2**20, len(out)  # was 295 MiB
+    lines = [line for line in out.splitlines() if line != "[rank 1] normal 1"]  # rank 1 prints at once
+    assert len(lines) + 1 == len(out.splitlines())
+    assert lines[0] == "[rank 0] " + "x" * MAX_LINE_CHARS + (
+        f" [mpnb: {200 * 2**20 - MAX_LINE_CHARS:,} more characters of this line not shown]"
+    )
+    assert lines[1].startswith("[rank 0] long 0 yyy") and lines[1].endswith(
+        "90,007 more characters of this line not shown]"
+    )
+    note = next(line for line in lines if "more lines (" in line)
+    assert note.startswith("[rank 0] mpnb: ") and "the first 2.0 MiB of each rank's output are" in note
+    assert lines[-1] == "[rank 0] normal 0"  # the end of the flood, after the note
+    # ipyparallel re-copies all output so far into its own record per message unless mpnb drops it:
+    # quadratic, 2 000 messages of 100 KB took over 2 minutes that way
+    assert time.monotonic() - t0 < 40, f"{time.monotonic() - t0:.1f} s"
+
+    res, out, _, outputs = run(
+        ip,
+        "%%distributed --no-monitor\nfrom IPython.display import display\nfor i in range(3000):\n"
+        "    display({'text/plain': f'item {i}'}, raw=True)\nprint('after', rank)\n",
+    )
+    assert res.success, out[-2000:]
+    items = [o.data["text/plain"] for o in outputs if o.data.get("text/plain", "").startswith("item ")]
+    # each rank shows its first 200; where both ranks are in step they show as one group
+    assert set(items) == {f"item {i}" for i in range(MAX_DISPLAYS_PER_RANK)}, len(items)
+    assert MAX_DISPLAYS_PER_RANK <= len(items) <= 2 * MAX_DISPLAYS_PER_RANK
+    note = f"mpnb: {3000 - MAX_DISPLAYS_PER_RANK:,} more displays ("
+    assert f"[ranks 0,1] {note}" in out or (f"[rank 0] {note}" in out and f"[rank 1] {note}" in out), out[
+        -2000:
+    ]
+
+    res, out, _, _ = run(ip, "%%distributed\nprint('plain', rank)\n")
+    assert out.strip().splitlines() == ["[rank 0] plain 0", "[rank 1] plain 1"] and "mpnb:" not in out
