@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import nbformat
 import psutil
@@ -11,6 +13,9 @@ from IPython.utils.capture import capture_output
 
 from mpnb.errors import MpnbError
 from mpnb.execution.output import strip_ansi
+
+if TYPE_CHECKING:
+    from mpnb.cluster.session import Session
 
 
 def run(ip, source: str):
@@ -54,3 +59,18 @@ def code_cells(nb: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
 def result_cells(nb: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
     """The cells a notebook tags `result`: where it shows its measured lesson."""
     return [c for c in code_cells(nb) if "result" in c.metadata.get("tags", [])]
+
+
+@contextlib.contextmanager
+def own_cluster(n: int = 2, timeout: float = 30) -> Iterator[Session]:
+    """A fresh n-engine CPU session (gloo, process-group `timeout` s), stopped afterwards.
+
+    Any session a previous module left is stopped first, so none leaks into the next."""
+    import mpnb
+
+    mpnb.stop()
+    sess = mpnb.start(n=n, timeout=timeout, verbose=False)
+    try:
+        yield sess
+    finally:
+        mpnb.stop()

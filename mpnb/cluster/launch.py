@@ -22,6 +22,10 @@ from mpnb.errors import ClusterError, ConfigError
 DEFAULT_CPU_ENGINES = 2
 DEFAULT_PG_TIMEOUT_S = 60.0
 BACKENDS = ("gloo", "nccl")
+# Engines one start may launch: a few per core (oversubscribed CPU ranks are fine for testing), at
+# least MIN_ENGINE_LIMIT; each is a Python process with torch, so more would exhaust memory.
+ENGINES_PER_CORE = 4
+MIN_ENGINE_LIMIT = 64
 
 
 @dataclass
@@ -38,15 +42,20 @@ class WorldPlan:
 # ----------------------------------------------------------------------------- start arguments
 
 
-def check_timeout(timeout: Any) -> float:
+def check_timeout(
+    timeout: Any, example: str = f"`%mpnb start --timeout 60` (the default is {DEFAULT_PG_TIMEOUT_S:g})"
+) -> float:
+    """A number of seconds, from a number or the text a person typed; every `--timeout` goes through here.
+
+    0, negative, NaN and infinite values are refused: each would turn a bound into none at all, or
+    into an instant failure. `example` shows the fix for the option being checked."""
     try:
-        value = float(timeout)
-    except (TypeError, ValueError):
+        value = float(timeout) if not isinstance(timeout, bool) else float("nan")
+    except (TypeError, ValueError, OverflowError):
         value = float("nan")
     if not value > 0 or value == float("inf"):
         raise ConfigError(
-            f"--timeout must be a positive number of seconds, not {timeout!r}. "
-            f"Example: `%mpnb start --timeout 60` (the default is {DEFAULT_PG_TIMEOUT_S:g})."
+            f"--timeout must be a positive number of seconds, not {timeout!r}. Example: {example}."
         )
     return value
 
@@ -70,7 +79,7 @@ def check_port(port: Any) -> int | None:
         raise ConfigError(f"--port must be a TCP port between 1 and 65535, not {port!r}.")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
-            s.bind(("", value))
+            s.bind(("127.0.0.1", value))  # a local world's store listens there, and only there
         except OSError:
             raise ClusterError(
                 f"Port {value} is already in use on this machine, so rank 0 cannot host the process "
@@ -111,6 +120,12 @@ def plan_local(
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         raise ConfigError(
             f"-n must be a whole number of engines, at least 1, not {n!r}. Example: `%mpnb start -n 2`."
+        )
+    most = max(MIN_ENGINE_LIMIT, ENGINES_PER_CORE * (os.cpu_count() or 1))
+    if n is not None and n > most:  # a typo (-n 2000) would start thousands of engine processes
+        raise ConfigError(
+            f"-n {n} would start {n:,} engine processes; this machine ({os.cpu_count()} CPU cores) "
+            f"takes at most {most}. Use a smaller -n, e.g. `%mpnb start -n 2`."
         )
 
     visible = [g.index for g in device_probe.visible_gpus()]

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mpnb.cluster import launch, recovery
+from mpnb.cluster import launch, recovery, watchdog
 from mpnb.cluster.launch import DEFAULT_PG_TIMEOUT_S, WorldPlan
 from mpnb.cluster.ranks import form_world, short_error
 from mpnb.cluster.session import Session, current, release_current, set_current
@@ -176,6 +176,7 @@ def restart(verbose: bool = True) -> Session:
             _prepare_engines_exit(sess)
             _reap_nannies_later(sess)
             sess.cluster.restart_engines_sync()
+            watchdog.remove_stack_files(sess.ranks)  # the old engines' files (in our private directory)
             _wait_new_engines(sess.client, old_ids, n, timeout=120.0)
             new_ids = sorted(set(sess.client.ids) - old_ids)
             sess.ranks, sess.backend = form_world(sess.client, new_ids, sess.plan, sess.config)
@@ -228,7 +229,9 @@ def heal(session: Session | None = None, wait_s: float | None = None, verbose: b
     with _lock:
         try:
             engine_ids = [i.engine_id for i in infos]
+            lost = [r for r in sess.ranks if r not in infos]
             sess.ranks, sess.backend = form_world(sess.client, engine_ids, plan, sess.config)
+            watchdog.remove_stack_files(lost)
         except Exception as exc:
             raise ClusterError(f"Healing failed: {exc}. Run `%mpnb restart` for fresh engines.") from exc
     sess.health = None
@@ -301,6 +304,7 @@ def _close(sess: Session) -> None:
             with contextlib.suppress(Exception):
                 sess.client.shutdown(hub=False, block=False)  # engines exit now; the stop below reaps them
             _stop_cluster_quietly(sess.cluster)
+            watchdog.remove_stack_files(sess.ranks)  # a connected cluster's engines live on and keep theirs
         with contextlib.suppress(Exception):
             sess.client.close()
         sess.closed = True
@@ -331,7 +335,11 @@ def _prepare_engines_exit(sess: Session) -> None:
 
 def _reap_nannies_later(sess: Session) -> None:
     """Start the detached nanny reaper for this session's engines (see mpnb/cluster/reaper.py)."""
-    pairs = [f"{r.pid}:{nanny}" for r in sess.ranks for nanny in r.nannies]
+    pairs = [
+        f"{r.pid}:{nanny}:{started!r}"
+        for r in sess.ranks
+        for nanny, started in zip(r.nannies, r.nanny_started, strict=False)
+    ]
     if sess.cluster is None or not pairs:
         return  # a connected cluster's engines, and their nannies, are not ours
     script = Path(__file__).with_name("reaper.py")
@@ -347,10 +355,13 @@ def _reap_nannies_later(sess: Session) -> None:
 
 
 def _reap_at_exit() -> None:
-    """The kernel is exiting (ipyparallel stops the engines of a live cluster): reap their nannies."""
+    """The kernel is exiting (ipyparallel stops the engines of a live cluster): reap their nannies
+    and remove their stack-dump files."""
     sess = current()
     if sess is not None:
         _reap_nannies_later(sess)
+        if sess.cluster is not None:
+            watchdog.remove_stack_files(sess.ranks)
 
 
 atexit.register(_reap_at_exit)

@@ -133,7 +133,12 @@ def form_world(
     hosts = {r["info"]["host"] for r in rows}
     rank0 = rows[0]["info"]
     master_addr = "127.0.0.1" if len(hosts) == 1 else rank0["ip"]
-    master_port = plan.port or rank0["free_port"]
+    if plan.port:
+        master_port = plan.port
+    elif len(hosts) == 1:
+        master_port = rank0["free_port"]  # probed on 127.0.0.1, where rank 0's store will listen
+    else:  # probe on the address rank 0 will serve the store on
+        master_port = client[rows[0]["engine_id"]].apply_sync(bootstrap.free_port, master_addr)
 
     setup_results = [
         client[r["engine_id"]].apply_async(
@@ -158,12 +163,14 @@ def form_world(
             engine_id=r["engine_id"],
             host=r["info"]["host"],
             pid=r["info"]["pid"],
+            started=r["info"].get("started"),
             device=d["device"],
             local_rank=r["local_rank"],
             gpu=r["gpu"],
             nannies=tuple(r["info"].get("nannies", ())),
+            nanny_started=tuple(r["info"].get("nanny_started", ())),
+            stacks=str(r["info"].get("stacks", "")),
         )
         for r, d in zip(rows, done, strict=True)
     ]
     return ranks, backend
-

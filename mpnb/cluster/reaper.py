@@ -1,10 +1,13 @@
-"""Kill ipyparallel nanny processes that outlive their engine: `python reaper.py ENGINE:NANNY ...`.
+"""Kill ipyparallel nanny processes that outlive their engine: `python reaper.py ENGINE:NANNY:STARTED ...`.
 
 ipyparallel's nanny relays signals to its engine and exits a few seconds after the engine does (it
 lingers to tell the controller). Sometimes it hangs in `zmq.Context.term()` instead and stays
 forever, a child of init (4 orphans after about 7 stops here). mpnb starts this script detached
 when it stops or restarts engines and when the kernel exits, so it outlives the kernel. A nanny is
 killed only once its engine has been gone for `GRACE_S`; one whose engine lives is never touched.
+STARTED is the nanny's `start_time` recorded when the world formed: a pid that now belongs to a
+process started at another time (the nanny died and its pid was reused, perhaps by another
+cluster's nanny) is never touched either, since a command line alone cannot tell them apart.
 Run as a script by path, so it imports neither mpnb nor torch.
 """
 
@@ -16,6 +19,7 @@ import time
 
 GRACE_S = 8.0  # a healthy nanny is gone ~3 s after its engine
 WATCH_S = 120.0  # engines stopped at kernel exit may take a while to go
+SAME_START_S = 0.005  # start times are whole clock ticks (Linux) or psutil's exact create time
 
 
 def is_nanny(proc: object) -> bool:
@@ -23,15 +27,39 @@ def is_nanny(proc: object) -> bool:
     return "ipyparallel.engine.nanny" in " ".join(proc.cmdline())  # type: ignore[attr-defined]
 
 
-def reap(pairs: list[tuple[int, int]], grace: float = GRACE_S, watch: float = WATCH_S) -> list[int]:
-    """Watch (engine pid, nanny pid) pairs; kill each nanny left `grace` s after its engine. Returns those."""
+def start_ticks(pid: int | str) -> int | None:
+    """`pid`'s start time in clock ticks after boot (/proc/PID/stat field 22); None if gone or not Linux.
+
+    Fixed for the life of one process, so with the pid it names one process: a pid reused later
+    has another start time. (psutil's create time adds the boot time, which moves when the wall
+    clock is set.)
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])  # the fields after "comm)" start at 3
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def start_time(proc: object) -> float:
+    """When `proc` started: `start_ticks` on Linux, psutil's create time elsewhere."""
+    ticks = start_ticks(proc.pid)  # type: ignore[attr-defined]
+    return float(ticks) if ticks is not None else float(proc.create_time())  # type: ignore[attr-defined]
+
+
+def reap(
+    nannies_started: list[tuple[int, int, float]], grace: float = GRACE_S, watch: float = WATCH_S
+) -> list[int]:
+    """Watch (engine pid, nanny pid, nanny start_time) triples; kill each nanny left `grace` s after
+    its engine. Returns the pids killed.
+    """
     import psutil
 
     nannies = {}
-    for engine, nanny in pairs:
+    for engine, nanny, started in nannies_started:
         try:
             proc = psutil.Process(nanny)
-            if is_nanny(proc):
+            if is_nanny(proc) and abs(start_time(proc) - started) < SAME_START_S:
                 nannies[nanny] = (engine, proc)
         except psutil.Error:
             pass
@@ -58,10 +86,10 @@ def reap(pairs: list[tuple[int, int]], grace: float = GRACE_S, watch: float = WA
 
 
 def main(argv: list[str]) -> None:
-    pairs = [(int(e), int(n)) for e, n in (arg.split(":") for arg in argv)]
+    triples = [(int(e), int(n), float(t)) for e, n, t in (arg.split(":") for arg in argv)]
     if hasattr(os, "fork") and os.fork():
         os._exit(0)  # the starter reaps this parent at once; the watcher lives on, a child of init
-    reap(pairs)
+    reap(triples)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,9 @@ class RankInfo:
     local_rank: int
     gpu: int | None = None  # physical GPU index on `host`, None for CPU ranks
     nannies: tuple[int, ...] = ()  # pids of the engine's ipyparallel nanny (relays signals to it)
+    nanny_started: tuple[float, ...] = ()  # reaper.start_time of each of `nannies`, same order
+    started: int | None = None  # the engine's start time (reaper.start_ticks): names it with `pid`
+    stacks: str = ""  # the engine's stack-dump file (its user's private directory on `host`)
 
     @property
     def device_label(self) -> str:

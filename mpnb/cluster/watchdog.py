@@ -21,7 +21,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from mpnb import private_files
+
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from mpnb.cluster.session import RankInfo, Session
 
 STACK_SIGNAL = signal.SIGUSR1  # mpnb.engine.control.STACK_SIGNAL (that module imports torch lazily only)
@@ -140,14 +144,16 @@ def read_stacks(session: Session, ranks: list[int], execution_count: int | None 
     out: dict[int, str] = {}
     for r in ranks:
         info = session.ranks[r]
-        if not is_local(info):
-            out[r] = f"(stack written on {info.host} to /tmp/mpnb-stacks-{info.pid}.txt)"
+        if not info.stacks:
             continue
-        path = os.path.join(_tmpdir(), f"mpnb-stacks-{info.pid}.txt")
+        if not is_local(info):
+            out[r] = f"(stack written on {info.host} to {info.stacks})"
+            continue
         text = ""
         for _ in range(5):  # the dump may still be being written
-            with contextlib.suppress(OSError), open(path) as f:
-                text = f.read()
+            # only our own 0600 file in our 0700 directory, never through a symlink: the text decides
+            # release or interrupt and is shown in the notebook
+            text = private_files.read(info.stacks) or ""
             if "most recent call first" in text:
                 break
             time.sleep(0.05)
@@ -157,16 +163,17 @@ def read_stacks(session: Session, ranks: list[int], execution_count: int | None 
     return out
 
 
+def remove_stack_files(ranks: Iterable[RankInfo]) -> None:
+    """Remove the stack-dump files of these ranks' engines (local ones; they have exited or are exiting)."""
+    for info in ranks:
+        if info.stacks and is_local(info):
+            private_files.remove(info.stacks)
+
+
 def dump_stacks(session: Session, ranks: list[int], execution_count: int | None = None) -> dict[int, str]:
     request_stacks(session, ranks)
     time.sleep(STACK_WAIT_S)
     return read_stacks(session, ranks, execution_count)
-
-
-def _tmpdir() -> str:
-    import tempfile
-
-    return tempfile.gettempdir()
 
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>.+)$')

@@ -34,25 +34,85 @@ def _outbound_ip(towards: str | None) -> str:
         return "127.0.0.1"
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
+def free_port(address: str = "127.0.0.1") -> int:
+    """A port free on `address`, the one rank 0's store will listen on (never all interfaces)."""
+    family = socket.getaddrinfo(address, 0, type=socket.SOCK_STREAM)[0][0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((address, 0))
         return s.getsockname()[1]
+
+
+def _rendezvous_store(rank: int, world_size: int, master_addr: str, master_port: int, timeout: Any) -> Any:
+    """The process group's TCPStore, served by rank 0 on `master_addr` only.
+
+    torch's `tcp://` rendezvous serves it on every interface (`::`), unauthenticated: anyone who
+    reaches the host could read or rewrite the rendezvous keys. So rank 0 binds the address the
+    ranks use (loopback on one host) and hands the listening socket to the store.
+    """
+    from torch.distributed import TCPStore
+
+    if rank != 0:
+        return TCPStore(master_addr, master_port, world_size, False, timeout)
+    family, _, _, _, address = socket.getaddrinfo(master_addr, master_port, type=socket.SOCK_STREAM)[0]
+    listener = socket.create_server(address, family=family)
+    fd = listener.detach()  # the store owns and closes the fd from here on
+    inode = os.fstat(fd).st_ino
+    try:
+        return TCPStore(master_addr, master_port, world_size, True, timeout, master_listen_fd=fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            if os.fstat(fd).st_ino == inode:  # not yet taken (and closed) by the store
+                os.close(fd)
+        raise
+
+
+def _bind_gloo_to(master_addr: str) -> None:
+    """On one host, gloo's own listening sockets go on loopback too (its default follows the host
+    name, which may resolve to an outside address); a loopback choice is dropped on several hosts.
+    Also for nccl worlds: gloo groups made beside them (`new_group(backend="gloo")`) read it."""
+    import psutil
+
+    loopback = {
+        name
+        for name, addrs in psutil.net_if_addrs().items()
+        for a in addrs
+        if a.family in (socket.AF_INET, socket.AF_INET6) and _is_loopback(a.address.split("%")[0])
+    }
+    if _is_loopback(master_addr) and loopback:
+        os.environ["GLOO_SOCKET_IFNAME"] = sorted(loopback)[0]
+        return
+    if os.environ.get("GLOO_SOCKET_IFNAME") in loopback:
+        del os.environ["GLOO_SOCKET_IFNAME"]  # loopback cannot reach other hosts
+
+
+def _is_loopback(address: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
 
 
 def engine_info(controller_ip: str | None = None) -> dict[str, Any]:
     """Where this engine lives: host, pid, address, GPUs it can see. Does not import torch."""
     from mpnb.cluster import devices
+    from mpnb.cluster.reaper import start_ticks
+    from mpnb.engine import control
 
+    nannies = nannies_started()
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
+        "started": start_ticks(os.getpid()),
         "ip": _outbound_ip(controller_ip),
         "gpus": [g.index for g in devices.visible_gpus()],
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "torch_imported": "torch" in sys.modules,
         "free_port": free_port(),
-        "nannies": nanny_pids(),
+        "nannies": [pid for pid, _ in nannies],
+        "nanny_started": [started for _, started in nannies],
+        "stacks": control.stack_path(),
     }
 
 
@@ -113,12 +173,14 @@ def setup(
 
     if dist.is_initialized():
         dist.destroy_process_group()
+    _bind_gloo_to(master_addr)
+    timeout = datetime.timedelta(seconds=timeout_s)
     dist.init_process_group(
         backend,
-        init_method=f"tcp://{master_addr}:{master_port}",
+        store=_rendezvous_store(rank, world_size, master_addr, master_port, timeout),
         rank=rank,
         world_size=world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
+        timeout=timeout,
     )
 
     import mpnb
@@ -185,15 +247,20 @@ def prepare_exit() -> None:
 
 def nanny_pids() -> list[int]:
     """Child processes of this engine that are ipyparallel nannies (they relay signals to it)."""
+    return [pid for pid, _ in nannies_started()]
+
+
+def nannies_started() -> list[tuple[int, float]]:
+    """(pid, `reaper.start_time`) of each nanny child: the reaper skips a pid reused since."""
     import psutil
 
-    from mpnb.cluster.reaper import is_nanny
+    from mpnb.cluster.reaper import is_nanny, start_time
 
     found = []
     for child in psutil.Process().children():
         with contextlib.suppress(psutil.Error):
             if is_nanny(child):
-                found.append(child.pid)
+                found.append((child.pid, start_time(child)))
     return found
 
 

@@ -19,16 +19,17 @@ Linux it also shuts down this process's connections to the peers on this host
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import faulthandler
 import os
 import signal
 import socket
 import sys
-import tempfile
 import threading
-from typing import IO, Any
+from typing import Any
 
+from mpnb import private_files
 from mpnb.engine import gloo_unblock
 
 STACK_SIGNAL = signal.SIGUSR1
@@ -42,19 +43,36 @@ _requested = False  # a stop was asked for on this rank
 _agreed = False  # every rank agreed to stop (sticky for the rest of the cell)
 _calls = 0
 _stop_call: int | None = None  # the should_stop() call at which the ranks agreed
-_stack_file: IO[str] | None = None
+_stack_fd: int | None = None  # this process's dump file, created once and kept open for faulthandler
 
 
-def stack_path(pid: int | None = None) -> str:
-    """Where this engine's faulthandler writes its stacks (the kernel reads it for local ranks)."""
-    return os.path.join(tempfile.gettempdir(), f"mpnb-stacks-{pid or os.getpid()}.txt")
+def stack_path() -> str:
+    """Where this engine's faulthandler writes its stacks: in this user's private 0700 directory.
+
+    `bootstrap.engine_info` reports it, so the kernel reads (and at stop removes) exactly this file.
+    """
+    return os.path.join(private_files.private_dir(), f"stacks-{os.getpid()}.txt")
 
 
 def _register_stack_dump() -> None:
-    global _stack_file
-    if _stack_file is None:
-        _stack_file = open(stack_path(), "w+")  # noqa: SIM115 - faulthandler needs it open for good
-    faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
+    global _stack_fd
+    if _stack_fd is None:
+        # one fresh 0600 file per engine process (O_EXCL|O_NOFOLLOW), emptied through this fd per cell
+        _stack_fd = private_files.create(stack_path())
+        atexit.register(remove_stack_file)
+    faulthandler.register(STACK_SIGNAL, file=_stack_fd, all_threads=True, chain=False)
+
+
+def remove_stack_file() -> None:
+    """At engine exit: the dump file goes (the kernel also removes it when it stops the engines)."""
+    global _stack_fd
+    if _stack_fd is not None:
+        with contextlib.suppress(ValueError, OSError):
+            faulthandler.unregister(STACK_SIGNAL)
+        with contextlib.suppress(OSError):
+            os.close(_stack_fd)
+        _stack_fd = None
+        private_files.remove(stack_path())
 
 
 def install() -> None:
@@ -101,9 +119,9 @@ def begin_cell(collective: bool = True) -> None:
     _calls, _stop_call = 0, None
     with contextlib.suppress(ValueError, OSError):  # not the main thread, or no file system
         _register_stack_dump()
-        if _stack_file is not None:
-            _stack_file.seek(0)
-            _stack_file.truncate()
+        if _stack_fd is not None:
+            os.ftruncate(_stack_fd, 0)
+            os.lseek(_stack_fd, 0, os.SEEK_SET)
     with contextlib.suppress(ValueError):
         signal.signal(signal.SIGINT, _on_sigint)
 
@@ -145,11 +163,12 @@ def should_stop(every: int = 1) -> bool:
     return flag
 
 
-def release_peers(peer_pids_by_host: dict[str, list[int]] | None = None) -> bool:
+def release_peers(peers_by_host: dict[str, list[tuple[int, int | None]]] | None = None) -> bool:
     """End this rank's process group so peers blocked on it fail now. True if there was one.
 
-    `peer_pids_by_host`: the other ranks' pids by host name; the connections to
-    those on this host are shut down too (`mpnb.engine.gloo_unblock`, Linux only).
+    `peers_by_host`: the live ranks' (pid, start time when the world formed) by host name; the
+    connections to those on this host are shut down too (`mpnb.engine.gloo_unblock`, Linux only),
+    but only where the pid still names the same process (`gloo_unblock.same_processes`).
     """
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_initialized():
@@ -161,7 +180,7 @@ def release_peers(peer_pids_by_host: dict[str, list[int]] | None = None) -> bool
     with contextlib.suppress(Exception):
         if dist.is_initialized():
             dist.destroy_process_group()
-    peers = (peer_pids_by_host or {}).get(socket.gethostname(), [])
+    peers = (peers_by_host or {}).get(socket.gethostname(), [])
     with contextlib.suppress(OSError):
-        gloo_unblock.shut_down_connections_to([pid for pid in peers if pid != os.getpid()])
+        gloo_unblock.shut_down_connections_to(gloo_unblock.same_processes([(p, t) for p, t in peers]))
     return True

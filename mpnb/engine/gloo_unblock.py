@@ -22,6 +22,8 @@ import os
 import socket
 import sys
 
+from mpnb.cluster.reaper import start_ticks
+
 log = logging.getLogger("mpnb")
 
 SUPPORTED = sys.platform.startswith("linux")
@@ -58,6 +60,17 @@ def shut_down_connections_to(pids: list[int]) -> int:
             finally:
                 sock.detach()
     return count
+
+
+def same_processes(peers: list[tuple[int, int | None]]) -> list[int]:
+    """The pids of `peers` ((pid, start time when the world formed)) that are still those processes.
+
+    A peer that died, whose start time was not recorded, or whose pid now belongs to another
+    process (a different start time) is left out: its connections are never touched."""
+    own = os.getpid()
+    return [
+        pid for pid, started in peers if started is not None and pid != own and start_ticks(pid) == started
+    ]
 
 
 def _socket_fds(pid: int | str) -> dict[int, int]:

@@ -205,7 +205,9 @@ class Supervisor:
         self._signal(python, signal.SIGINT)
         self._late_sigint = [r for r in running if not stacks[r]]
         waiting = [r for r in running if r not in python]
-        where = "; ".join(f"{format_ranks([r])} was in {innermost(self.stacks[r])}" for r in waiting)
+        where = "; ".join(
+            f"{format_ranks([r])} was in {innermost(self.stacks[r])}" for r in waiting if self.stacks.get(r)
+        )  # a rank whose dump could not be read (or trusted) is left out
         self.notes.append(
             f"After {cause}, mpnb released {format_ranks(running)}"
             + (f" ({where})" if where else "")
@@ -220,9 +222,12 @@ class Supervisor:
         from mpnb.engine import control  # only its functions travel; the module imports no torch at load
 
         try:
-            peers: dict[str, list[int]] = {}
+            # dead ranks are left out; the rest carry their start time, so a reused pid is skipped
+            dead = {d.rank for d in self.deaths}
+            peers: dict[str, list[tuple[int, int | None]]] = {}
             for info in self.session.ranks:
-                peers.setdefault(info.host, []).append(info.pid)
+                if info.rank not in dead:
+                    peers.setdefault(info.host, []).append((info.pid, info.started))
             ar = self.session.view(finished).apply_async(control.release_peers, peers)
             ar.add_done_callback(lambda f: log.debug("group ended on %s: %s", finished, f.exception()))
         except Exception:

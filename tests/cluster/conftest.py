@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import own_cluster
+
 HERE = Path(__file__).parent
 
 
@@ -20,15 +22,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="module")
 def cluster():
     """A started 2-engine CPU Session (gloo), shared by the tests of one module and stopped after them."""
-    import mpnb
-    from mpnb.cluster import lifecycle as cluster_mod
-
-    cluster_mod.stop()  # a previous module's session must not leak into this one
-    sess = mpnb.start(n=2, timeout=30, verbose=False)
-    try:
+    with own_cluster(timeout=30) as sess:
         yield sess
-    finally:
-        cluster_mod.stop()
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,9 @@ import time
 import pytest
 from IPython.utils.capture import capture_output
 
-from mpnb.cluster import lifecycle as cluster_mod
 from mpnb.errors import ConfigError, RankError
 from mpnb.execution.output import strip_ansi
+from tests.helpers import own_cluster
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -54,14 +54,8 @@ def interrupt_main_after(*delays: float) -> list[float]:
 
 @pytest.fixture(scope="module")
 def sess():
-    import mpnb
-
-    cluster_mod.stop()
-    s = mpnb.start(n=2, timeout=PG_TIMEOUT_S, verbose=False)
-    try:
+    with own_cluster(timeout=PG_TIMEOUT_S) as s:
         yield s
-    finally:
-        cluster_mod.stop()
 
 
 @pytest.fixture(scope="module")
