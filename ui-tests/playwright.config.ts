@@ -1,9 +1,12 @@
 /**
  * Browser tests of the mpnb extension (galata + Playwright) in Debian's Chromium.
  * Run with `npm run test:e2e` (or `make test-e2e`): starts `.venv/bin/jupyter lab` on
- * 127.0.0.1 and a free port, in a fresh temp notebook directory.
+ * 127.0.0.1 and a free port, in a fresh temp notebook directory, with a random token made for
+ * this run (XSRF checks stay on: every request carries the token, which the server accepts
+ * instead of an XSRF cookie).
  */
 import { execFileSync } from 'child_process';
+import { randomBytes } from 'crypto';
 import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
@@ -28,6 +31,11 @@ if (!process.env.MPNB_E2E_PORT) {
 if (!process.env.JUPYTERLAB_GALATA_ROOT_DIR) {
   process.env.JUPYTERLAB_GALATA_ROOT_DIR = fs.mkdtempSync(path.join(os.tmpdir(), 'mpnb-e2e-'));
 }
+// The token travels in the environment (readable by this user only), never on the command line,
+// which every local user can read in /proc/<pid>/cmdline.
+if (!process.env.MPNB_E2E_TOKEN) {
+  process.env.MPNB_E2E_TOKEN = randomBytes(32).toString('hex');
+}
 const port = process.env.MPNB_E2E_PORT;
 const baseURL = `http://127.0.0.1:${port}`;
 
@@ -44,6 +52,10 @@ export default {
   use: {
     ...baseConfig.use,
     baseURL,
+    // On every request of the pages and of the `request` fixture: galata's own helpers (the test
+    // folder, kernel and session clean-up) call the REST API through `request`, without a page
+    // to read the token from, so the header is how they authenticate.
+    extraHTTPHeaders: { Authorization: `token ${process.env.MPNB_E2E_TOKEN}` },
     browserName: 'chromium',
     viewport: { width: 1440, height: 900 },
     trace: 'off',
