@@ -16,11 +16,11 @@ stays cheap and never imports torch unless the user does.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 from mpnb._version import __version__
 from mpnb.errors import ClusterError, ConfigError, MpnbError, NoClusterError, RankError
+from mpnb.lazy_exports import lazy_exports
 
 # public name -> module that defines it
 _LAZY: dict[str, str] = {
@@ -71,17 +71,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'mpnb' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -11,8 +11,9 @@ the kernel drawing a timeline does not import the meters.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from mpnb.lazy_exports import lazy_exports
 
 _HALVES: dict[str, str] = {
     "SavedTensorMeter": "mpnb.engine.teaching",
@@ -37,17 +38,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _HALVES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'mpnb.teaching' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HALVES))
+__getattr__, __dir__ = lazy_exports(__name__, _HALVES)
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
