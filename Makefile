@@ -13,11 +13,13 @@ STAMP := $(VENV)/.mpnb-installed
 export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/mpnb/torch_extensions
 export DS_ACCELERATOR ?= cpu
 export OMP_NUM_THREADS ?= 1
+# Written once the ops are built for this venv's torch (the cache is per machine, the venv may change).
+DS_OPS = $(TORCH_EXTENSIONS_DIR)/.mpnb-ops-built
 PORT ?= 8888
 
 .PHONY: install lab test test-py test-unit test-e2e lint demo browser clean
 
-install: $(STAMP)
+install: $(STAMP) $(DS_OPS)
 
 $(STAMP): pyproject.toml package.json package-lock.json Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +30,14 @@ $(STAMP): pyproject.toml package.json package-lock.json Makefile
 	PATH="$(abspath $(BIN)):$$PATH" $(PIP) install -q --no-build-isolation -e ".[test]"
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/jupyter labextension develop --overwrite .
 	touch $(STAMP)
+
+# Build DeepSpeed's JIT ops once (quietly, ~1 min), so no notebook cell ever compiles them.
+$(DS_OPS): $(STAMP)
+	@mkdir -p "$(TORCH_EXTENSIONS_DIR)"
+	@echo "Building DeepSpeed's CPU ops into $(TORCH_EXTENSIONS_DIR) (once per machine; log: $(TORCH_EXTENSIONS_DIR)/mpnb-build.log)"
+	@PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m mpnb.engine.ds_ops > "$(TORCH_EXTENSIONS_DIR)/mpnb-build.log" 2>&1 \
+		|| { tail -n 40 "$(TORCH_EXTENSIONS_DIR)/mpnb-build.log"; exit 1; }
+	@touch "$@"
 
 # Rebuild the labextension when its sources change (the editable install links the output dir).
 mpnb/labextension/package.json: $(STAMP) $(shell find labextension -type f 2>/dev/null) tsconfig.json package-lock.json

@@ -108,9 +108,10 @@ def create(path: str | os.PathLike[str]) -> int:
         return os.open(path, flags, 0o600)
 
 
-def read(path: str | os.PathLike[str], limit: int = 1 << 20) -> str | None:
+def read(path: str | os.PathLike[str], limit: int = 1 << 20, from_end: bool = False) -> str | None:
     """The text of `path` if it is our own 0600 regular file in our own private directory, else None.
 
+    At most `limit` bytes: the first ones, or the last ones `from_end` (a log's tail).
     Checked on the open fd (O_NOFOLLOW), so a symlink or a file swapped in after the check is not read.
     """
     parent = os.path.dirname(os.fspath(path)) or "."
@@ -121,8 +122,11 @@ def read(path: str | os.PathLike[str], limit: int = 1 << 20) -> str | None:
     except OSError:
         return None
     try:
-        if problem(os.fstat(fd), "file"):
+        st = os.fstat(fd)
+        if problem(st, "file"):
             return None
+        if from_end and st.st_size > limit:
+            os.lseek(fd, st.st_size - limit, os.SEEK_SET)
         return os.read(fd, limit).decode("utf-8", "replace")
     except OSError:
         return None

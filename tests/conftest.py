@@ -12,6 +12,12 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "mpnb
 
 import pytest
 
+from mpnb.engine.ds_ops import use_own_ninja
+
+# DeepSpeed's ops are built with the venv's ninja (`make install`); a subprocess that found another
+# ninja first on PATH would take that build for stale and compile the op again (1-2 min).
+use_own_ninja()
+
 
 @pytest.fixture(scope="module")
 def ipython():

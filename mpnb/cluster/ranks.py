@@ -170,6 +170,7 @@ def form_world(
             nannies=tuple(r["info"].get("nannies", ())),
             nanny_started=tuple(r["info"].get("nanny_started", ())),
             stacks=str(r["info"].get("stacks", "")),
+            log=str(r["info"].get("log", "")),
         )
         for r, d in zip(rows, done, strict=True)
     ]

@@ -47,6 +47,7 @@ class RankInfo:
     nanny_started: tuple[float, ...] = ()  # reaper.start_time of each of `nannies`, same order
     started: int | None = None  # the engine's start time (reaper.start_ticks): names it with `pid`
     stacks: str = ""  # the engine's stack-dump file (its user's private directory on `host`)
+    log: str = ""  # the engine's log of library output (mpnb.cluster.logs), in the same directory
 
     @property
     def device_label(self) -> str:
@@ -136,7 +137,7 @@ class Session:
         return view
 
     def rank_status(self, fresh: bool = False) -> list[dict[str, Any]]:
-        """One row per rank: rank, host, pid, device, alive, busy. Never asks a (possibly busy) engine.
+        """One row per rank: rank, host, pid, device, alive, busy, log. Never asks a (possibly busy) engine.
 
         busy: running the current `%%distributed` cell, or with work queued at the controller. The
         controller's queue counts are a round trip, so they are cached for QUEUE_TTL_S unless `fresh`:
@@ -157,6 +158,7 @@ class Session:
                     "device": info.device_label,
                     "alive": info.engine_id in alive_ids,
                     "busy": info.rank in running or queued,
+                    "log": info.log,  # the sidebar links it
                 }
             )
         return rows

@@ -14,7 +14,6 @@ import contextlib
 import os
 import socket
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +95,7 @@ def _is_loopback(address: str) -> bool:
 
 def engine_info(controller_ip: str | None = None) -> dict[str, Any]:
     """Where this engine lives: host, pid, address, GPUs it can see. Does not import torch."""
-    from mpnb.cluster import devices
+    from mpnb.cluster import devices, logs
     from mpnb.cluster.reaper import start_ticks
     from mpnb.engine import control
 
@@ -113,6 +112,7 @@ def engine_info(controller_ip: str | None = None) -> dict[str, Any]:
         "nannies": [pid for pid, _ in nannies],
         "nanny_started": [started for _, started in nannies],
         "stacks": control.stack_path(),
+        "log": logs.engine_log_path(),  # where this engine's library chatter goes (mpnb.engine.quiet)
     }
 
 
@@ -144,7 +144,9 @@ def setup(
     }
     os.environ.update({k: str(v) for k, v in env.items()})
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "mpnb" / "torch_extensions"))
-    _show_deprecations_once()
+    from mpnb.engine import quiet
+
+    quiet.install_warnings()  # before torch: its import-time warnings go to the engine's log too
     if gpu is None:
         # CPU ranks share cores; one OpenMP thread each avoids oversubscription.
         os.environ["OMP_NUM_THREADS"] = "1"
@@ -184,9 +186,11 @@ def setup(
     )
 
     import mpnb
-    from mpnb.engine import control, state
+    from mpnb.engine import control, ds_ops, state
 
     control.install()  # cooperative stop and stack dumps in %%distributed cells
+    quiet.install()  # library chatter to the engine's log; `%%distributed --verbose` shows it
+    ds_ops.warm_in_background()  # the first ZeRO cell then finds DeepSpeed imported and its ops loaded
 
     state.rank, state.world_size = rank, world_size
     state.local_rank, state.local_world_size = local_rank, local_world_size
@@ -199,31 +203,6 @@ def setup(
             rank=rank, world_size=world_size, device=device, torch=torch, dist=dist, mpnb=mpnb
         )
     return {"rank": rank, "device": str(device), "pid": os.getpid()}
-
-
-def _show_deprecations_once() -> None:
-    """Show each deprecation warning once per engine, however often it is raised.
-
-    DeepSpeed calls deprecated torch.distributed functions on every step, and every
-    `warnings.catch_warnings()` anywhere clears the registries behind "default" and
-    "once" (CPython bumps the filters' version), so under ZeRO-3 each rank printed
-    4 FutureWarnings a step. Deduplicating where they are shown is what holds.
-    """
-    show = warnings.showwarning
-    if getattr(show, "mpnb_once", False):
-        return
-    seen: set[tuple[str, type, str, int]] = set()
-
-    def showwarning(message: Any, category: type, filename: str, lineno: int, *rest: Any) -> None:
-        if issubclass(category, (DeprecationWarning, FutureWarning)):
-            key = (str(message), category, filename, lineno)
-            if key in seen:
-                return
-            seen.add(key)
-        show(message, category, filename, lineno, *rest)
-
-    showwarning.mpnb_once = True  # type: ignore[attr-defined]
-    warnings.showwarning = showwarning
 
 
 def teardown() -> None:

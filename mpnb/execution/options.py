@@ -23,13 +23,17 @@ class CellOptions:
     ranks: list[int] | None = None  # None: every rank
     output: str = "grouped"
     quiet: bool = False
+    verbose: bool = False  # show library chatter (compilers, DeepSpeed, deprecations) instead of logging it
     timeout: float | str | None = None  # seconds (text as typed: `check` makes it a float); None: no bound
     monitor: bool = True
 
     def check(self) -> None:
-        """What needs no cluster to check: the output mode and the timeout (made a float)."""
+        """What needs no cluster to check: output mode, --quiet/--verbose, the timeout (made a float)."""
         if self.output not in OUTPUT_MODES:
             raise ConfigError(f"--output must be one of {', '.join(OUTPUT_MODES)}, not {self.output!r}.")
+        if self.quiet and self.verbose:
+            raise ConfigError("Give either --quiet (only errors) or --verbose (everything, library output "
+                              "included), not both.")
         if self.timeout is not None:
             self.timeout = check_timeout(self.timeout, example=CELL_TIMEOUT_EXAMPLE)
 

@@ -42,10 +42,12 @@ parameters sit (embeddings, blocks, head, what the tensor plan splits) is a
 
 Buffers (reported separately, as `memory_breakdown()` does) are the gathered
 parameters of FSDP2 / ZeRO-3 (current and prefetched unit), DeepSpeed's
-gradient reduction bucket at ZeRO-1/2 (`reduce_bucket_size` elements, 5e8 by
-default, allocated whole) and DDP's buckets (none: mpnb uses gradient views).
+gradient reduction bucket (`reduce_bucket_size` elements, 5e8 by default,
+allocated whole: during backward at ZeRO-1/2, from initialize on at ZeRO-3)
+and DDP's buckets (none: mpnb uses gradient views).
 
-Bytes are plain ints; "GB" in text means 10^9 bytes, as in the ZeRO paper.
+Bytes are plain ints; text shows them in GiB/MiB (`mpnb.units`). The ZeRO paper
+writes decimal GB (10^9 bytes): divide by 1e9 to compare with it.
 This module does not import torch: a module passed in is inspected by duck
 typing, and a plain parameter count needs nothing else.
 """
@@ -80,6 +82,11 @@ MODEL_STATE_BYTES: dict[tuple[str, str], tuple[int, int, int]] = {
 OPTIMIZER_STATE_BYTES: dict[str, int] = {"adamw": 8, "adam": 8, "sgd_momentum": 4, "sgd": 0}
 ACCOUNTINGS = ("implementation", "paper", "deepspeed")
 DEFAULT_REDUCE_BUCKET = 500_000_000  # DeepSpeed's reduce_bucket_size default (elements)
+
+
+def reduce_bucket_elements(num_params: int) -> int:
+    """The reduce bucket mpnb gives DeepSpeed: its default, but never larger than the model."""
+    return max(1, min(DEFAULT_REDUCE_BUCKET, num_params))
 MAX_COUNT = 2**63 - 1  # parameters, elements: what torch's int64 sizes can count
 MAX_RANKS = 2**20  # the estimate has one row per rank
 
@@ -104,7 +111,7 @@ def estimate(
     bytes_per_param: tuple[float, float, float] | None = None,
     dropout: bool | None = None,
     flash_attention: bool | None = None,
-    reduce_bucket_size: int = DEFAULT_REDUCE_BUCKET,
+    reduce_bucket_size: int | None = None,
 ) -> Estimate:
     """Predict the bytes each of `world_size` ranks holds under `config`.
 
@@ -113,6 +120,7 @@ def estimate(
     parameter count; then pass `n_layer`, `hidden`, `n_head` (and `vocab_size`)
     to get activations. `micro_batch_size` defaults to the config's.
     `bytes_per_param=(P, G, K)` overrides the table for a custom optimizer setup.
+    `reduce_bucket_size` defaults to what mpnb gives DeepSpeed (`reduce_bucket_elements`).
     """
     cfg = _as_config(config)
     world_size = read_int("world_size", world_size, maximum=MAX_RANKS)
@@ -121,7 +129,8 @@ def estimate(
             ("seq_len", seq_len), ("micro_batch_size", micro_batch_size), ("n_layer", n_layer),
             ("hidden", hidden), ("n_head", n_head), ("vocab_size", vocab_size),
             ("largest_layer_params", largest_layer_params)))
-    reduce_bucket_size = read_int("reduce_bucket_size", reduce_bucket_size, maximum=MAX_COUNT)
+    if reduce_bucket_size is not None:
+        reduce_bucket_size = read_int("reduce_bucket_size", reduce_bucket_size, maximum=MAX_COUNT)
     for name, flag in (("dropout", dropout), ("flash_attention", flash_attention)):
         if flag is not None and not isinstance(flag, bool):
             raise ConfigError(f"{name} must be True, False or None (got {shown(flag)}).")
@@ -179,6 +188,8 @@ def estimate(
                      "largest_layer_params, or n_layer and hidden, or the model itself")
     if cfg.strategy == Strategy.TENSOR and layout.tp_split == 0:
         notes.append("no parameters matched the tensor-parallel plan; parameters are counted unsplit")
+    if reduce_bucket_size is None:
+        reduce_bucket_size = reduce_bucket_elements(layout.total)
     ranks = tuple(
         _rank_estimate(r, cfg, dims, layout, ppk, mb, accounting, reduce_bucket_size)
         for r in range(world_size)
@@ -186,13 +197,14 @@ def estimate(
     worst = max(ranks, key=lambda r: r.total)
     if (
         cfg.strategy == Strategy.ZERO
-        and cfg.zero_stage in (1, 2)
+        and cfg.zero_stage in (1, 2, 3)
         and accounting == "implementation"
         and (worst.buffers > worst.model_states)
     ):
         notes.append(
-            f"DeepSpeed's gradient reduction bucket ({reduce_bucket_size:.2g} elements, allocated "
-            "whole) outweighs the model states here; a smaller reduce_bucket_size saves it"
+            f"DeepSpeed's gradient reduction bucket ({reduce_bucket_size:,} elements, allocated "
+            "whole) outweighs the model states here; a smaller reduce_bucket_size (ds_config "
+            "zero_optimization) saves it"
         )
     return Estimate(
         ranks=ranks,
@@ -337,7 +349,9 @@ def _buffers(cfg: Config, layout: Layout, local: int, zs: int, dp: int, accounti
             # the gradient reduction bucket, allocated whole in the gradient dtype
             return bucket * compute
         if cfg.zero_stage == 3:
-            return 4 * layout.largest_layer  # gathered 16-bit parameters and gradients of one layer
+            # the reduction bucket (allocated at initialize and kept), plus the gathered 16-bit
+            # parameters and gradients of one layer
+            return bucket * compute + 4 * layout.largest_layer
         return 0
     if (zs == 3 and dp > 1) or cfg.strategy == Strategy.FSDP:  # FSDP2 (alone, or under tensor parallelism)
         unit = layout.unit

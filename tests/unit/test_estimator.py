@@ -108,8 +108,12 @@ def test_implementation_table_follows_the_strategies() -> None:
 
 
 def test_deepspeed_reduce_bucket_is_a_buffer() -> None:
-    small = estimate(1_000_000, Config(strategy="zero", zero_stage=2), 2)
-    assert small.buffers == 500_000_000 * 4  # fp32 bucket, allocated whole by DeepSpeed
+    # mpnb caps DeepSpeed's 5e8-element bucket at the model's size: the fp32 bucket holds every gradient
+    capped = estimate(1_000_000, Config(strategy="zero", zero_stage=2), 2)
+    assert capped.buffers == 1_000_000 * 4 and not any("reduce_bucket_size" in n for n in capped.notes)
+    assert estimate(10**9, Config(strategy="zero", zero_stage=2), 2).buffers == 500_000_000 * 4
+    small = estimate(1_000_000, Config(strategy="zero", zero_stage=2), 2, reduce_bucket_size=500_000_000)
+    assert small.buffers == 500_000_000 * 4  # allocated whole by DeepSpeed
     assert any("reduce_bucket_size" in n for n in small.notes)
     tuned = estimate(1_000_000, Config(strategy="zero", zero_stage=2, precision="bf16"), 2,
                      reduce_bucket_size=1_000_000)
@@ -120,10 +124,12 @@ def test_deepspeed_reduce_bucket_is_a_buffer() -> None:
 
 
 def test_gather_buffers_need_the_layer_size() -> None:
-    bare = estimate(10**8, Config(strategy="zero", zero_stage=3), 4)
-    assert bare.buffers == 0 and any("largest_layer_params" in n for n in bare.notes)
-    given = estimate(10**8, Config(strategy="zero", zero_stage=3), 4, largest_layer_params=10**6)
-    assert given.buffers == 4 * 10**6 and not given.notes[1:]
+    bucket = 500_000_000 * 4  # ZeRO-3 allocates its fp32 reduce bucket at initialize and keeps it
+    bare = estimate(10**8, Config(strategy="zero", zero_stage=3), 4, reduce_bucket_size=500_000_000)
+    assert bare.buffers == bucket and any("largest_layer_params" in n for n in bare.notes)
+    given = estimate(10**8, Config(strategy="zero", zero_stage=3), 4, largest_layer_params=10**6,
+                     reduce_bucket_size=10**6)
+    assert given.buffers == 4 * 10**6 + 4 * 10**6 and not given.notes[1:]
     shaped = estimate(10**8, Config(strategy="fsdp"), 4, n_layer=8, hidden=512)
     block = 12 * 512 * 512 + 13 * 512
     assert shaped.buffers == 2 * block * 4 + 4 * block  # current + prefetched block, one fp32 gradient

@@ -118,6 +118,14 @@ def test_read_only_returns_our_own_private_file(tmp):
     assert private_files.read(home / "missing.txt") is None
 
 
+def test_read_from_end_gives_a_long_logs_last_bytes(tmp):
+    log = private_files.find_private_dir() / "engine-1.log"
+    os.close(private_files.create(log))
+    log.write_text("".join(f"line {i}\n" for i in range(100_000)))
+    assert private_files.read(log, limit=64).startswith("line 0\n")
+    assert private_files.read(log, limit=64, from_end=True).endswith("line 99999\n")
+
+
 @as_root
 def test_read_and_remove_skip_a_file_another_user_owns(tmp):
     home = private_files.find_private_dir()

@@ -7,7 +7,9 @@ needs: the user's torch optimizer (`zero_allow_untested_optimizer`, and
 (DeepSpeed's default keeps parameters under 100k elements whole, which on a
 teaching-sized model means nothing at all is partitioned), and
 `gradient_clipping: 0` (DeepSpeed's default clips at 1.0, which the same loop
-under DDP or FSDP does not do, so losses would drift apart).
+under DDP or FSDP does not do, so losses would drift apart), and a
+`reduce_bucket_size` capped at the model's parameter count (DeepSpeed's 5e8
+elements default is allocated whole: 1.86 GiB in fp32 for a model of any size).
 
 Bytes per parameter Ψ on each of N ranks, as the tensors show them (AdamW;
 P = 4 in fp32, 2 in bf16 where the module itself is cast to bf16):
@@ -36,6 +38,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from mpnb.engine import ds_ops, quiet
 from mpnb.engine.strategies.common import EngineContext, apply_activation_checkpointing
 from mpnb.engine.trainer import (
     LossFn,
@@ -48,13 +51,15 @@ from mpnb.engine.trainer import (
 )
 from mpnb.errors import MpnbError
 from mpnb.planning.config import Config
+from mpnb.planning.estimator import reduce_bucket_elements
 from mpnb.planning.parallel_dims import ParallelDims
 
 
-def deepspeed_config(config: Config, world_size: int) -> dict[str, Any]:
+def deepspeed_config(config: Config, world_size: int, num_params: int) -> dict[str, Any]:
     ds = config.to_deepspeed(world_size)
     zero = ds.setdefault("zero_optimization", {})
     zero["stage3_param_persistence_threshold"] = 0
+    zero.setdefault("reduce_bucket_size", reduce_bucket_elements(num_params))
     # DeepSpeed clips gradient norms to 1.0 unless told otherwise; a plain torch loop does not clip
     ds.setdefault("gradient_clipping", 0.0)
     if config.offload != "none":
@@ -327,15 +332,22 @@ def prepare(
     ctx: EngineContext,
     loss_fn: LossFn | None,
 ) -> Trainer:
-    import deepspeed
-
+    # one line instead of silence while DeepSpeed starts; its own output goes to the engine's log
+    print(f"mpnb: preparing ZeRO-{config.zero_stage} (DeepSpeed) ...", flush=True)
+    ds_ops.wait()  # the engine's background warm-up: DeepSpeed imported, its ops loaded
+    ds_ops.use_own_ninja()  # also outside mpnb's engines: the ninja the ops were built with
     model.to(ctx.device)
     if config.activation_checkpointing:
         apply_activation_checkpointing(model)
-    engine, ds_optimizer, _, _ = deepspeed.initialize(
-        model=model,
-        optimizer=optimizer,
-        config=deepspeed_config(config, ctx.world_size),
-        dist_init_required=False,
-    )
+    with quiet.captured():
+        import deepspeed
+
+        ds_ops.clear_stale_locks()  # else DeepSpeed's op load waits forever on a killed build's lock
+
+        engine, ds_optimizer, _, _ = deepspeed.initialize(
+            model=model,
+            optimizer=optimizer,
+            config=deepspeed_config(config, ctx.world_size, sum(p.numel() for p in model.parameters())),
+            dist_init_required=False,
+        )
     return ZeroTrainer(engine, ds_optimizer, config, dims, loss_fn, device=ctx.device, dp_rank=ctx.rank)
