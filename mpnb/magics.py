@@ -2,9 +2,9 @@
 
 Registered by `%load_ext mpnb`. Every error a user can cause is an `MpnbError`,
 shown as one short message (`_show_mpnb_error`) instead of a traceback; a cell
-that failed on ranks shows one traceback per distinct error. Either way the
-exception still propagates, so the notebook marks the cell failed and "Run All"
-stops there.
+that failed on ranks shows one traceback per distinct error; a stopped cell, one
+line at most (`CellStopped`). Either way the exception still propagates, so
+the notebook marks the cell failed and "Run All" stops there.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from mpnb.cluster import session as cluster
 from mpnb.errors import ConfigError, MpnbError, NoClusterError
 from mpnb.execution.cell_run import run_cell
 from mpnb.execution.options import CellOptions, expand_ranks, rank_spans
-from mpnb.execution.report import CellFailedError
+from mpnb.execution.report import CellFailedError, CellStopped
 from mpnb.monitoring import dashboard
 
 MPNB_USAGE = """\
@@ -144,16 +144,7 @@ class MpnbMagics(Magics):
         lifecycle.heal(cluster.session())
 
     def _cmd_stop(self, args: argparse.Namespace) -> None:
-        sess = cluster.current()
-        if sess is None:
-            print("No mpnb cluster is running; nothing to stop.")
-            return
-        lifecycle.stop()
-        print(
-            "mpnb: cluster stopped."
-            if sess.cluster is not None
-            else "mpnb: disconnected (the cluster keeps running)."
-        )
+        lifecycle.stop(verbose=True)
 
     def _cmd_config(self, args: argparse.Namespace) -> None:
         from mpnb.planning.config import Config
@@ -204,6 +195,8 @@ class MpnbMagics(Magics):
     @argument("--rank", type=int, default=None, help="run on this one rank")
     @argument("--output", default="grouped", help="grouped (default): identical output once; all; rank0")
     @argument("--quiet", action="store_true", help="show only errors")
+    @argument("--verbose", action="store_true",
+              help="also show library output (compilers, DeepSpeed, deprecations) kept in the engines' logs")
     @argument("--timeout", default=None, help="interrupt the cell after this many seconds")
     @argument("--no-monitor", action="store_true", help="no live memory chart under this cell")
     @cell_magic
@@ -216,7 +209,11 @@ class MpnbMagics(Magics):
                 f"%%distributed: {exc}. Usage: {self.distributed.__doc__.splitlines()[0]}"
             ) from None
         options = CellOptions(
-            output=args.output, quiet=args.quiet, timeout=args.timeout, monitor=not args.no_monitor
+            output=args.output,
+            quiet=args.quiet,
+            verbose=args.verbose,
+            timeout=args.timeout,
+            monitor=not args.no_monitor,
         )
         options.check()  # bad input is refused before a cluster is even looked for
         spans = rank_spans(args.ranks, args.rank)
@@ -242,8 +239,14 @@ def _remote_message(exc: BaseException) -> str:
 def _show_mpnb_error(
     shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None
 ) -> list[str]:
-    """One short message for mpnb errors; the per-rank tracebacks for a failed cell."""
-    if isinstance(value, CellFailedError):
+    """One short message for mpnb errors; the per-rank tracebacks for a failed cell; a stopped cell's
+    line (or none, when its output already said where the ranks stopped)."""
+    if isinstance(value, CellStopped):
+        stb = value.render()
+        if not stb:  # the cell still fails (the reply's status is "error") but shows no error output
+            shell._last_traceback = [str(value)]  # what ipykernel puts in that reply
+            return stb
+    elif isinstance(value, CellFailedError):
         stb = value.render()
     else:
         stb = [f"\x1b[1;31m{etype.__name__}\x1b[0m: {value}"]
@@ -253,7 +256,7 @@ def _show_mpnb_error(
 
 def register(ipython: Any) -> None:
     ipython.register_magics(MpnbMagics)
-    ipython.set_custom_exc((MpnbError,), _show_mpnb_error)
+    ipython.set_custom_exc((MpnbError, CellStopped), _show_mpnb_error)
     dashboard.register(ipython)  # the JupyterLab sidebar's comm
 
 

@@ -9,6 +9,9 @@ Engines that mpnb launched leave ipyparallel nannies behind now and then; the
 detached reaper (`mpnb/cluster/reaper.py`, run as a script) is started on stop,
 restart and kernel exit to kill those.
 
+Each prints one line when it works. ipyparallel's log and the engines' output go to a private
+file (`mpnb.cluster.ipp_log`); the notebook sees engine output only when an engine really failed.
+
 Kernel side: never imports torch.
 """
 
@@ -26,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mpnb.cluster import launch, recovery, watchdog
+from mpnb.cluster import ipp_log, launch, recovery, watchdog
 from mpnb.cluster.launch import DEFAULT_PG_TIMEOUT_S, WorldPlan
 from mpnb.cluster.ranks import form_world, short_error
 from mpnb.cluster.session import Session, current, release_current, set_current
@@ -77,7 +80,9 @@ def start(
         count, plan = launch.plan_local(n, devices, backend, timeout, port)
         cfg = config if config is not None else Config()
         t0 = time.perf_counter()
-        cluster = ipp.Cluster(n=count, delay=0, log_level=logging.WARNING)
+        # Its log goes to a file, not the cell. shutdown_atexit=False: ipyparallel's exit hook prints
+        # into the kernel's stderr; `_stop_at_exit` stops the cluster instead.
+        cluster = ipp.Cluster(n=count, delay=0, log=ipp_log.logger(), shutdown_atexit=False)
         try:
             cluster.start_cluster_sync()
             client = cluster.connect_client_sync()
@@ -86,7 +91,7 @@ def start(
             sess = Session(client, cluster, plan, cfg, source="start")
             sess.ranks, sess.backend = form_world(client, list(client.ids), plan, cfg)
         except BaseException as exc:
-            _stop_cluster_quietly(cluster)
+            ipp_log.stop_cluster(cluster)  # its failures are in the log; the start's error says enough
             if isinstance(exc, KeyboardInterrupt):
                 raise
             reason = str(exc) if isinstance(exc, ClusterError) else short_error(exc)
@@ -170,9 +175,11 @@ def restart(verbose: bool = True) -> Session:
         t0 = time.perf_counter()
         n = max(sess.world_size, sess.full_world_size)
         old_ids = set(sess.client.ids)
+        old_ranks = list(sess.ranks)
         sess.cell = None
         sess.health = None
         try:
+            watched = ipp_log.EngineExits.before_stop(sess.cluster)
             _prepare_engines_exit(sess)
             _reap_nannies_later(sess)
             sess.cluster.restart_engines_sync()
@@ -188,6 +195,7 @@ def restart(verbose: bool = True) -> Session:
                 f"Restart failed, so the cluster was stopped: {short_error(exc)}. "
                 "Run `%mpnb start` for a new one."
             ) from exc
+    ipp_log.print_lines(watched.problems(old_ranks, "restart"))  # an old engine that had died, and why
     return _go_live(sess, "restart", t0, verbose)
 
 
@@ -204,12 +212,25 @@ def _wait_new_engines(client: ipp.Client, old_ids: set[int], n: int, timeout: fl
         time.sleep(0.05)
 
 
-def stop() -> None:
-    """Stop the cluster mpnb started (or disconnect from a connected one). No-op without a session."""
+def stop(verbose: bool = False) -> None:
+    """Stop the cluster mpnb started (or disconnect from a connected one). No-op without a session.
+
+    `verbose`: say so in one line. What really failed (an engine that had died, one that crashed on
+    its way out, a stop that raised) is always shown, trimmed, with where the full log is.
+    """
     sess = current()
     if sess is None:
+        if verbose:
+            print("No mpnb cluster is running; nothing to stop.")
         return
-    _close(sess)
+    problems = _close(sess)
+    if verbose:
+        print(
+            "mpnb: cluster stopped."
+            if sess.cluster is not None
+            else "mpnb: disconnected (the cluster keeps running)."
+        )
+    ipp_log.print_lines(problems)
 
 
 def heal(session: Session | None = None, wait_s: float | None = None, verbose: bool = True) -> Session:
@@ -295,28 +316,30 @@ def _stop_monitor(sess: Session) -> None:
         monitor_channel.detach(sess, timeout=2.0)
 
 
-def _close(sess: Session) -> None:
+def _close(sess: Session, at_exit: bool = False) -> list[str]:
+    """End the session; return lines that explain what failed on the way (none when all went well).
+
+    `at_exit`: the kernel is exiting: no monitor to detach politely, no listeners to tell."""
+    problems: list[str] = []
     with _lock:
-        _stop_monitor(sess)  # samplers and the kernel end stop before the engines do
+        watched = ipp_log.EngineExits.before_stop(sess.cluster) if sess.cluster is not None else None
+        if not at_exit:
+            _stop_monitor(sess)  # samplers and the kernel end stop before the engines do
         _prepare_engines_exit(sess)
         if sess.cluster is not None:
             _reap_nannies_later(sess)
             with contextlib.suppress(Exception):
                 sess.client.shutdown(hub=False, block=False)  # engines exit now; the stop below reaps them
-            _stop_cluster_quietly(sess.cluster)
+            failed = ipp_log.stop_cluster(sess.cluster)
+            problems = (watched.problems(sess.ranks, "stop") if watched else []) + failed
             watchdog.remove_stack_files(sess.ranks)  # a connected cluster's engines live on and keep theirs
         with contextlib.suppress(Exception):
             sess.client.close()
         sess.closed = True
         release_current(sess)
-    sess.notify("stop")
-
-
-def _stop_cluster_quietly(cluster: ipp.Cluster) -> None:
-    try:
-        cluster.stop_cluster_sync()
-    except Exception:
-        log.exception("mpnb: stopping the cluster failed")
+    if not at_exit:
+        sess.notify("stop")
+    return problems
 
 
 def _prepare_engines_exit(sess: Session) -> None:
@@ -354,14 +377,21 @@ def _reap_nannies_later(sess: Session) -> None:
         starter.wait(10)  # it forks the watcher off and exits at once
 
 
-def _reap_at_exit() -> None:
-    """The kernel is exiting (ipyparallel stops the engines of a live cluster): reap their nannies
-    and remove their stack-dump files."""
+def _stop_at_exit() -> None:
+    """The kernel is exiting: stop the cluster mpnb started (its engines, nannies and stack-dump files).
+
+    ipyparallel's own exit hook is off for it (it prints the cluster's repr and engine logs). One line
+    goes to the kernel's stderr (the server's log), and only what really failed after it."""
     sess = current()
-    if sess is not None:
-        _reap_nannies_later(sess)
-        if sess.cluster is not None:
-            watchdog.remove_stack_files(sess.ranks)
+    if sess is None or sess.cluster is None:
+        return  # a connected cluster keeps running
+    stream = sys.__stderr__
+    try:
+        problems = _close(sess, at_exit=True)
+    except Exception as exc:
+        ipp_log.logger().exception("stopping the cluster at exit failed")
+        problems = [f"mpnb: stopping the cluster failed ({short_error(exc)}). Details: {ipp_log.path()}"]
+    ipp_log.print_lines(["mpnb: cluster stopped (the kernel is shutting down).", *problems], stream)
 
 
-atexit.register(_reap_at_exit)
+atexit.register(_stop_at_exit)

@@ -35,6 +35,7 @@ from mpnb.engine import gloo_unblock
 STACK_SIGNAL = signal.SIGUSR1
 CELL_MARK = "# %%distributed"  # line 1 of what mpnb.execution sends (a comment, so line numbers match)
 COLLECTIVE_MARK = "  # all ranks"  # appended when the cell runs on every rank (should_stop all-reduces)
+STOP_NOTE = "mpnb: stopped at should_stop() call"  # the kernel shows no more than this line for the stop
 
 _in_cell = False
 _collective = True  # the cell runs on every rank, so the flag can be all-reduced
@@ -159,7 +160,7 @@ def should_stop(every: int = 1) -> bool:
         flag = bool(t.item())
     if flag:
         _agreed, _stop_call = True, _calls
-        print(f"mpnb: stopped at should_stop() call {_calls}", file=sys.stderr, flush=True)
+        print(f"{STOP_NOTE} {_calls}", file=sys.stderr, flush=True)
     return flag
 
 

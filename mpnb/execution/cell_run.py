@@ -26,7 +26,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from mpnb.cluster import recovery
-from mpnb.engine.control import CELL_MARK, COLLECTIVE_MARK
+from mpnb.engine.control import CELL_MARK, COLLECTIVE_MARK, STOP_NOTE
+from mpnb.engine.quiet import VERBOSE_MARK
 from mpnb.errors import RankError
 from mpnb.execution import ipp_private
 from mpnb.execution.options import CellOptions
@@ -35,6 +36,7 @@ from mpnb.execution.output_cap import OutputCap
 from mpnb.execution.render import CellRenderer
 from mpnb.execution.report import (
     CellFailedError,
+    CellStopped,
     DistributedResult,
     error_content,
     group_errors,
@@ -84,6 +86,7 @@ class CellRun:
         self._idle: set[int] = set()  # ranks whose engine went idle (all their output is in)
         self._last_seen: dict[int, float] = {}  # rank -> when its last message arrived
         self._futures: dict[int, Any] = {}
+        self.stop_said = False  # a rank's output shown in the cell says where it stopped (should_stop)
 
     # -- engine side
     def _engine_code(self) -> str:
@@ -91,7 +94,8 @@ class CellRun:
         the notebook cell's (IPython would drop a blank line), so tracebacks point at the user's line.
         The engine's pre_run_cell hook (`mpnb.engine.control`) reads it to reset the rank's stop state."""
         everyone = COLLECTIVE_MARK if len(self.ranks) == self.session.world_size else ""
-        return f"{CELL_MARK} {self.magic_line}".rstrip() + everyone + "\n" + self.code
+        verbose = VERBOSE_MARK if self.options.verbose else ""  # read by mpnb.engine.quiet
+        return f"{CELL_MARK} {self.magic_line}".rstrip() + everyone + verbose + "\n" + self.code
 
     # -- submission
     def submit(self) -> None:
@@ -138,10 +142,10 @@ class CellRun:
         if stopped:  # the stop button: say what happened, then fail the cell as an interrupt does
             self.publish_state(final=True)
             advice = recovery.advice(self.session) if recovery.needs(self.session) else ""
-            for line in [*self._story(), advice]:
-                if line:
-                    print(line, file=sys.stderr, flush=True)
-            raise KeyboardInterrupt(f"mpnb stopped {format_ranks(self.ranks)}")
+            lines = [line for line in [*self._story(), advice] if line]
+            for line in lines:
+                print(line, file=sys.stderr, flush=True)
+            raise CellStopped(self.ranks, said=self.stop_said or bool(lines))
         return self._conclude()
 
     def is_running(self) -> bool:
@@ -177,6 +181,7 @@ class CellRun:
                 text = self.output_cap.admit(rank, payload["name"], payload["text"])
                 if text:
                     r.merger.add_text(rank, payload["name"], text, now)
+                    self.stop_said = self.stop_said or STOP_NOTE in text
         elif kind in ("display_data", "update_display_data"):
             if r.wants(rank) and self.output_cap.admit_display(rank, payload):
                 r.merger.add_display(rank, payload, now)

@@ -56,6 +56,22 @@ class CellFailedError(RankError):
         return lines
 
 
+class CellStopped(KeyboardInterrupt):
+    """The stop button (or --timeout's interrupt) ended the cell where the ranks agreed to stop.
+
+    Still a KeyboardInterrupt: the cell ends in error, so "Run All" stops there. `%load_ext mpnb`
+    shows no traceback for it (nothing is wrong in mpnb or in the cell), and nothing at all when
+    the cell's output already says where the ranks stopped (`said`): that is the stop's one line.
+    """
+
+    def __init__(self, ranks: list[int], said: bool) -> None:
+        super().__init__(f"mpnb stopped {format_ranks(ranks)}")
+        self.said = said
+
+    def render(self) -> list[str]:
+        return [] if self.said else [f"\x1b[1;31mKeyboardInterrupt\x1b[0m: {self}"]
+
+
 class DistributedResult:
     """The cell's last-expression values: one per rank, shown collapsed where equal.
 
