@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 
-import { IMemorySample, MAX_RATE_HZ, MemoryHistory } from '../src/chart/history';
+import { IMemorySample, MAX_RATE_HZ, MemoryHistory, TOP } from '../src/chart/history';
 
 const MiB = 1024 * 1024;
 
@@ -9,7 +9,7 @@ function sample(rank: number, t: number, extra: Partial<IMemorySample> = {}): IM
     rank,
     t,
     busy: true,
-    device_kind: 'cpu',
+    device_kind: 'cuda',
     used: 500 * MiB,
     peak: 600 * MiB,
     capacity: 8192 * MiB,
@@ -28,18 +28,18 @@ describe('MemoryHistory', () => {
     expect(h.ranks()).toEqual([0, 1]);
     expect(h.ranks([3])).toEqual([0, 1, 3]);
     const s = h.series(0, 100);
-    expect(Array.from(s.t)).toEqual([10, 11]);
+    expect(Array.from(s.t)).toEqual([0, 1]); // seconds since the first sample
     expect(Array.from(s.stacked[0])).toEqual([100 * MiB, 100 * MiB]);
     expect(Array.from(s.stacked[1])).toEqual([200 * MiB, 100 * MiB]);
-    expect(Array.from(s.stacked[3])).toEqual([500 * MiB, 400 * MiB]);
-    expect(s.windowPeak).toEqual({ t: 10, value: 500 * MiB });
+    expect(Array.from(s.stacked[TOP])).toEqual([500 * MiB, 400 * MiB]);
+    expect(s.windowPeak).toEqual({ t: 0, value: 500 * MiB });
     expect(s.values.gradients[1]).toBe(0);
     expect(s.capacity).toBe(8192 * MiB);
-    expect(s.deviceKind).toBe('cpu');
+    expect(s.deviceKind).toBe('cuda');
     expect(s.busy).toBe(true);
   });
 
-  it('derives "other" from used when a sample lacks it, and drops duplicates', () => {
+  it('derives "other" from CUDA-allocated bytes when a sample lacks it, and drops duplicates', () => {
     const h = new MemoryHistory(60);
     const s = sample(0, 5);
     delete s.other;
@@ -55,7 +55,7 @@ describe('MemoryHistory', () => {
       samples.push(sample(0, i / 10), sample(1, i / 10));
     }
     h.add(samples);
-    // newest t = 29.9, keep t >= 19.9
+    // newest t = 29.9, keep t >= 19.9; the axis still counts from the first sample (t = 0)
     expect(h.series(0, 1000).t[0]).toBeCloseTo(19.9, 6);
     expect(h.length(0)).toBe(101);
     h.historySeconds = 2;
@@ -79,7 +79,7 @@ describe('MemoryHistory', () => {
     expect(s.rawLength).toBe(6000);
     expect(s.t.length).toBeLessThanOrEqual(602);
     expect(s.windowPeak?.value).toBe(496 * MiB);
-    expect(Math.max(...s.stacked[3])).toBe(496 * MiB);
+    expect(Math.max(...s.stacked[TOP])).toBe(496 * MiB);
     // the buffer is sized for faster sampling too
     expect(600 * MAX_RATE_HZ).toBeGreaterThan(6000);
   });

@@ -119,13 +119,14 @@ def _NO_REF() -> None:  # a dead weak reference: calling it gives None
     return None
 
 
-def estimate_totals(trainer: Any) -> dict[int, int] | None:
-    """Per-rank total bytes `mpnb.estimate` predicted for the trainer's model and config.
+def announce_estimate(per_rank: dict[int, int] | None) -> None:
+    """Send a new estimate line at once (`mpnb.prepare` calls this before it applies a strategy).
 
-    `prepare` computes them from the whole model, before a strategy shards it (ZeRO-3,
-    FSDP) or keeps only this rank's stage (pipeline). None: no estimate line.
+    `per_rank` is what `mpnb.estimate` predicts for the model being prepared, from the whole
+    model before ZeRO-3 or FSDP shard it or a pipeline keeps one stage; None clears the line.
     """
-    return getattr(trainer, "estimated_totals", None)
+    state.set_estimate(per_rank)
+    _wake()
 
 
 class Sampler(threading.Thread):
@@ -187,13 +188,11 @@ class Sampler(threading.Thread):
         except Exception:  # zmq.Again: the kernel is not reading; drop rather than block the engine
             self.errors += 1
 
-    def _send_estimate(self, socket: Any, signer: Signer, trainer: Any) -> None:
+    def _send_estimate(self, socket: Any, signer: Signer) -> None:
         import zmq
 
-        try:
-            totals = estimate_totals(trainer)
-            if totals is not None:
-                socket.send(signer.packed(MSG_TYPE, estimate_content(totals)), zmq.NOBLOCK)
+        try:  # {} clears the kernel's line: a model mpnb.estimate cannot read
+            socket.send(signer.packed(MSG_TYPE, estimate_content(state.estimate or {})), zmq.NOBLOCK)
         except Exception:  # no estimate is better than no samples
             self.errors += 1
 
@@ -211,8 +210,8 @@ class Sampler(threading.Thread):
         pending: list[dict[str, Any]] = []
         last_send = 0.0
         last_busy: bool | None = None
-        # Weak references: the user may drop a Trainer to free its memory.
-        estimated = _NO_REF  # the trainer whose estimate was sent last
+        estimated = 0  # the state.estimate_version sent last (0: none announced yet)
+        # A weak reference: the user may drop a Trainer to free its memory.
         parts: dict[str, int] = {key: 0 for key in PARTS}
         parts_of = _NO_REF  # the trainer `parts` was read from, when, and the wait till the next read
         parts_at = 0.0
@@ -226,10 +225,10 @@ class Sampler(threading.Thread):
                     continue
                 busy = is_busy()
                 now = time.monotonic()
+                if state.estimate_version != estimated:
+                    estimated = state.estimate_version
+                    self._send_estimate(socket, signer)
                 trainer = state.active_trainer()
-                if trainer is not None and estimated() is not trainer:
-                    estimated = weakref.ref(trainer)
-                    self._send_estimate(socket, signer, trainer)
                 # Walking every tensor costs ~0.4 ms on a small model, half the sampler's cost at a
                 # fixed 0.5 s: refresh it at most every `parts_wait`, which grows while nothing changes,
                 # and at once after each of the first steps (when gradients and optimizer state appear).

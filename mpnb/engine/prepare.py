@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mpnb.engine import state
+from mpnb.engine import monitor, state
+from mpnb.engine.param_counts import count_parameters
 from mpnb.engine.strategies.common import EngineContext
 from mpnb.engine.trainer import LossFn, Trainer
 from mpnb.errors import ConfigError, MpnbError
@@ -65,8 +66,11 @@ def prepare(
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     module = importlib.import_module(STRATEGY_MODULES[Strategy(cfg.strategy)])
     estimated = _estimate_totals(model, cfg, ctx.world_size)  # while the model is still whole
+    monitor.announce_estimate(estimated)  # the chart's line changes now, not after a slow prepare
+    total_parameters = count_parameters(model.parameters()).total  # a pipeline stage keeps only its part
     trainer = module.prepare(model, optimizer, cfg, dims, ctx, loss_fn)
     trainer.estimated_totals = estimated
+    trainer.total_parameters = total_parameters
     state.set_active_trainer(trainer)
     return trainer
 

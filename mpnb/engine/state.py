@@ -36,3 +36,15 @@ def set_active_trainer(trainer: Any) -> None:
 
 def active_trainer() -> Any | None:
     return _active_trainer() if _active_trainer is not None else None
+
+
+# {rank: bytes} mpnb.estimate predicted for the model the last mpnb.prepare got (None: no line),
+# and a counter the memory sampler compares to send each new one exactly once.
+estimate: dict[int, int] | None = None
+estimate_version = 0
+
+
+def set_estimate(per_rank: dict[int, int] | None) -> None:
+    global estimate, estimate_version
+    estimate = dict(per_rank) if per_rank else None
+    estimate_version += 1

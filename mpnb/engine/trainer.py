@@ -26,6 +26,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mpnb.engine.activations import ActivationTracker
+from mpnb.engine.param_counts import ParameterCounts, count_parameters, held_as
 from mpnb.errors import MpnbError
 from mpnb.planning.config import Config
 from mpnb.planning.parallel_dims import ParallelDims
@@ -147,7 +149,9 @@ class Trainer:
         # {rank: bytes} mpnb.estimate predicts for the whole model under `config` (set by prepare,
         # which sees the model before it is sharded or split); the memory chart's dashed line
         self.estimated_totals: dict[int, int] | None = None
+        self.total_parameters: int | None = None  # the whole model's count, set by prepare (pipeline)
         self._grad_bytes_at_backward = 0
+        self.activation_tracker = ActivationTracker()  # saved-for-backward bytes, for the memory chart
         self.autocast_dtype = autocast_dtype
         self._scaler = torch.amp.GradScaler(self.device.type) if config.precision == "fp16" else None
 
@@ -167,7 +171,8 @@ class Trainer:
     def step(self, batch: Batch, *, sharded: bool = False) -> float:
         """One optimizer step on a global batch; returns the global mean loss (same on every rank)."""
         inputs, targets = self._prepare_batch(batch, sharded)
-        local = self._train_step(inputs, targets)
+        with self.activation_tracker.step(self.steps):
+            local = self._train_step(inputs, targets)
         self.steps += 1
         return self._global_mean(local)
 
@@ -240,17 +245,30 @@ class Trainer:
     def _buffer_bytes(self) -> int:
         return sum(tensor_bytes(b) for b in self.model.buffers())
 
+    def parameter_counts(self) -> ParameterCounts:
+        """Parameters of the whole model and how many this rank holds (its shard, partition or stage).
+
+        Use it instead of `model.num_parameters()`, which counts 0 under ZeRO-3
+        (the rank's partition sits in `ds_tensor`) and one stage under pipeline.
+        """
+        stage = getattr(self, "stage_index", None)  # pipeline only
+        held = held_as(self.strategy, self.config.zero_stage, self.dp_size, stage)
+        return count_parameters(self.model.parameters(), self.total_parameters, held)
+
     def memory_breakdown(self) -> dict[str, int]:
         """Bytes of model state this rank holds, counted from its local tensors and shards.
 
         `gradients` is what the rank held at the end of the last backward (the
         peak of a step: some strategies free gradients in the optimizer step);
-        `buffers` are module buffers plus communication buffers the strategy keeps.
+        `activations` what autograd saved for backward at the peak of the last step
+        (`mpnb.engine.activations`); `buffers` are module buffers plus communication
+        buffers the strategy keeps.
         """
         return {
             "parameters": self._parameter_bytes(),
             "gradients": self._grad_bytes_at_backward,
             "optimizer": self._optimizer_bytes(),
+            "activations": self.activation_tracker.peak,
             "buffers": self._buffer_bytes(),
         }
 

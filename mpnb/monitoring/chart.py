@@ -2,8 +2,8 @@
 
 Charts subscribe to the session's `MemoryStore` and forward samples to their
 browser view (in the labextension, which draws them) in batches. When a cell of a
-second or more ends, its chart is replaced by a PNG rendered here with matplotlib
-so saved notebooks and nbconvert still show it.
+second or more ends, its chart is replaced by a PNG drawn with matplotlib
+so saved notebooks and nbconvert still show it (`mpnb.monitoring.chart_image`).
 No torch here: this runs in the notebook kernel.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import importlib
-import io
 import logging
 import threading
 import time
@@ -21,7 +20,8 @@ from typing import Any
 from ipywidgets import DOMWidget
 from traitlets import Dict, Float, Int, List, Unicode
 
-from mpnb.monitoring.protocol import CATEGORIES, Sample, estimate_json
+from mpnb.monitoring.chart_image import render_png
+from mpnb.monitoring.protocol import Sample, estimate_json
 from mpnb.monitoring.store import MemoryStore
 from mpnb.units import format_bytes
 
@@ -96,6 +96,8 @@ class MemoryChart(DOMWidget):
     estimate = Dict().tag(sync=True)  # str(rank) -> bytes
     capacity = Int(0).tag(sync=True)  # bytes, 0 if unknown
     history_seconds = Float(HISTORY_SECONDS).tag(sync=True)
+    # The time axis counts seconds from here (unix seconds: the cell's start); 0 = the first sample.
+    t0 = Float(0.0).tag(sync=True)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -153,69 +155,6 @@ class MemoryChart(DOMWidget):
                 self._send_samples(history)
 
 
-# ---------------------------------------------------------------------------- static image
-
-
-def render_png(
-    samples: list[Sample], estimate: dict[int, int] | None = None, title: str = "memory per rank"
-) -> bytes:
-    """A stacked-area chart per rank (categories, estimate dashed, peak marked) as PNG bytes."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    by_rank: dict[int, list[Sample]] = {}
-    for sample in samples:
-        by_rank.setdefault(int(sample["rank"]), []).append(sample)
-    ranks = sorted(by_rank) or [0]
-    cols = min(len(ranks), 4)
-    rows = (len(ranks) + cols - 1) // cols
-    fig = Figure(figsize=(3.4 * cols, 2.4 * rows), dpi=90, layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(rows, cols, squeeze=False, sharey=True)
-    t0 = min((s["t"] for s in samples), default=0.0)
-    top = max((max(s["used"], s.get("peak", 0)) for s in samples), default=1)
-    if estimate:
-        top = max(top, *estimate.values())
-    scale, unit = (2**30, "GiB") if top >= 2**30 else (2**20, "MiB")
-    colors = ("#4c72b0", "#dd8452", "#55a868", "#c7c7c7")
-    for i, rank in enumerate(ranks):
-        ax = axes[i // cols][i % cols]
-        data = sorted(by_rank.get(rank, []), key=lambda s: s["t"])
-        ax.set_title(f"rank {rank}", fontsize=9)
-        if not data:
-            continue
-        t = [s["t"] - t0 for s in data]
-        stacks = [[s.get(c, 0) / scale for s in data] for c in CATEGORIES]
-        ax.stackplot(t, *stacks, labels=CATEGORIES, colors=colors, alpha=0.9)
-        peak = max(data, key=lambda s: s["used"])
-        ax.plot([peak["t"] - t0], [peak["used"] / scale], "v", color="#c44e52", markersize=6)
-        ax.annotate(
-            f"peak {format_bytes(peak['used'])}",
-            (peak["t"] - t0, peak["used"] / scale),
-            textcoords="offset points",
-            xytext=(0, 6),
-            ha="center",
-            fontsize=7,
-        )
-        if estimate and rank in estimate:
-            ax.axhline(estimate[rank] / scale, color="black", linestyle="--", linewidth=1, label="estimate")
-        capacity = data[-1].get("capacity") or 0
-        # Draw the device limit only where it is in view; a CPU's RAM would flatten everything else.
-        if capacity and capacity <= 1.5 * top:
-            ax.axhline(capacity / scale, color="#c44e52", linewidth=1.2, label="capacity")
-        ax.set_xlabel("seconds", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.set_ylim(0, top * 1.18 / scale)  # headroom for the peak label
-    for j in range(len(ranks), rows * cols):
-        axes[j // cols][j % cols].set_visible(False)
-    axes[0][0].set_ylabel(unit, fontsize=8)
-    axes[0][0].legend(fontsize=6, loc="upper left")
-    fig.suptitle(title, fontsize=10)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
-
-
 _preloaded = threading.Event()
 
 
@@ -249,7 +188,10 @@ class CellChart:
         self.started = time.time()
         self.png: bytes | None = None
         self.widget = MemoryChart(
-            ranks=self.ranks, estimate=estimate_json(store.estimate), capacity=store.capacity()
+            ranks=self.ranks,
+            estimate=estimate_json(store.estimate),
+            capacity=store.capacity(),
+            t0=self.started,
         )
         self.widget.follow(store, since=self.started)
         _preload_matplotlib()
@@ -281,7 +223,9 @@ class CellChart:
         summary = _text_summary(self.store.peaks(since=self.started))
         bundle: dict[str, Any] = {"text/plain": summary}
         if samples and wants_image:
-            self.png = render_png(samples, self.store.estimate, title="memory per rank during this cell")
+            self.png = render_png(
+                samples, self.store.estimate, title="memory per rank during this cell", t0=self.started
+            )
             bundle["image/png"] = base64.b64encode(self.png).decode("ascii")
         if self._handle is not None:
             self._handle.update(bundle, raw=True)

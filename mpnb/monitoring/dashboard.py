@@ -4,7 +4,8 @@ The extension opens the comm when it connects to a kernel (and after a page
 reload); we answer at once with a `state` message and then push updates:
 `state` on every session change (start, stop, restart, config, cell state) and
 `samples` with the session's memory samples, batched to at most
-`SENDS_PER_SECOND` messages. When `%load_ext mpnb` runs after the page
+`SENDS_PER_SECOND` messages. A `log` request gets the end of one rank's engine
+log (`log_reply`). When `%load_ext mpnb` runs after the page
 connected, we open a comm toward the frontend ourselves, so the sidebar wakes
 up without a reload. Protocol: docs/internals.md ("Dashboard comm").
 
@@ -34,6 +35,9 @@ SENDS_PER_SECOND = 4.0
 BACKLOG_SAMPLES = 2000
 # Comms of reloaded pages are never closed by their frontend; keep only the newest ones.
 MAX_COMMS = 16
+# Lines of an engine log the sidebar's "log" link shows (a request may ask for more, up to the max).
+LOG_LINES = 200
+MAX_LOG_LINES = 5000
 
 
 class Dashboard:
@@ -48,6 +52,7 @@ class Dashboard:
         self._notebook_cell_ids: dict[str, str] = {}  # execution's cell id -> Jupyter cell id
         self._last_notebook_cell: str | None = None
         self._pending: list[Sample] = []
+        self._estimate_sent: dict[str, int] = {}  # the estimate line the last state message carried
         self._cond = threading.Condition()
         self._closed = False
         self._flusher = threading.Thread(target=self._flush_loop, name="mpnb-dashboard", daemon=True)
@@ -95,12 +100,14 @@ class Dashboard:
 
     def _on_frontend_msg(self, msg: dict[str, Any]) -> None:
         data = msg.get("content", {}).get("data", {}) if isinstance(msg, dict) else {}
-        if isinstance(data, dict) and data.get("type") == "refresh":
-            comm_id = msg.get("content", {}).get("comm_id")
-            with self._lock:
-                targets = [c for c in self._comms if getattr(c, "comm_id", None) == comm_id] or self._comms
-            for comm in targets:
-                self._send_to(comm, self.state())
+        if not isinstance(data, dict) or data.get("type") not in ("refresh", "log"):
+            return
+        comm_id = msg.get("content", {}).get("comm_id")
+        with self._lock:
+            targets = [c for c in self._comms if getattr(c, "comm_id", None) == comm_id] or self._comms
+        reply = self.state() if data["type"] == "refresh" else log_reply(data)
+        for comm in targets:
+            self._send_to(comm, reply)
 
     def comms(self) -> list[Any]:
         with self._lock:
@@ -132,12 +139,13 @@ class Dashboard:
         latest = _latest_busy(sess)
         for row in ranks:
             row["busy"] = bool(row.get("busy")) or row["rank"] in running or latest.get(row["rank"], False)
+        self._estimate_sent = estimate_json(getattr(sess.memory, "estimate", None))
         return {
             "type": "state",
             "cluster": {"ranks": ranks, "backend": sess.backend, "world_size": sess.world_size},
             "strategy": _strategy_line(sess),
             "cell": cell,
-            "estimate": estimate_json(getattr(sess.memory, "estimate", None)),
+            "estimate": self._estimate_sent,
         }
 
     def _rank_rows(self, sess: Any) -> list[dict[str, Any]]:
@@ -154,7 +162,8 @@ class Dashboard:
             cached = [dict(r) for r in self._ranks_cache]
         if len(cached) != len(sess.ranks):  # never read from the controller yet: describe without it
             cached = [
-                {"rank": r.rank, "host": r.host, "pid": r.pid, "device": r.device_label, "alive": True}
+                {"rank": r.rank, "host": r.host, "pid": r.pid, "device": r.device_label, "alive": True,
+                 "log": r.log}
                 for r in sess.ranks
             ]
         return cached
@@ -219,6 +228,9 @@ class Dashboard:
                     return
                 batch, self._pending = self._pending, []
             self._broadcast({"type": "samples", "samples": batch})
+            sess = self._followed
+            if sess is not None and estimate_json(sess.memory.estimate) != self._estimate_sent:
+                self._broadcast(self.state())  # mpnb.prepare announced a new estimate line mid-cell
             time.sleep(interval)
 
     def _send_backlog(self, comm: Any) -> None:
@@ -245,6 +257,32 @@ class Dashboard:
                 comm.close()
         with self._lock:
             self._comms.clear()
+
+
+def log_reply(request: dict[str, Any]) -> dict[str, Any]:
+    """The answer to `{"type": "log", "rank": N}`: the end of that rank's engine log.
+
+    Only the path the session recorded for the rank is read (never one the frontend names), and
+    `logs.tail` reads only our own private files.
+    """
+    from mpnb.cluster import logs
+    from mpnb.cluster import session as cluster
+
+    rank = request.get("rank")
+    lines = request.get("lines")
+    lines = min(int(lines), MAX_LOG_LINES) if isinstance(lines, int) and lines > 0 else LOG_LINES
+    reply: dict[str, Any] = {"type": "log", "id": request.get("id"), "rank": rank, "path": "", "text": "",
+                             "error": ""}
+    sess = cluster.current()
+    info = None if sess is None else next((r for r in sess.ranks if r.rank == rank), None)
+    if sess is None:
+        reply["error"] = "No cluster is running in this kernel."
+    elif info is None or not info.log:
+        reply["error"] = f"Rank {rank} has no engine log in this session."
+    else:
+        reply["path"] = info.log
+        reply["text"] = logs.tail(info.log, lines)
+    return reply
 
 
 def _strategy_line(sess: Any) -> str:

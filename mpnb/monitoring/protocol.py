@@ -31,9 +31,10 @@ MSG_TYPE = "mpnb_memory"
 # JSON and hex digests never contain NUL, so it can join a message's frames into one.
 FRAME_SEPARATOR = b"\x00"
 
-# Bytes by category from the active Trainer's memory_breakdown().
-PARTS = ("parameters", "gradients", "optimizer")
-# The stacked categories of a chart: the parts plus what they leave of `used`.
+# Bytes by category from the active Trainer's memory_breakdown(); activations are what autograd
+# saved for backward at the peak of the last step (tracked by mpnb.engine.activations).
+PARTS = ("parameters", "gradients", "optimizer", "activations")
+# The stacked categories of a chart: the parts plus, on CUDA, what they leave of `used`.
 CATEGORIES = (*PARTS, "other")
 # Every field of a sample, in the order the engines write them.
 SAMPLE_KEYS = (
@@ -84,7 +85,11 @@ def make_sample(
     oom_count: int,
     parts: dict[str, int],
 ) -> Sample:
-    """One sample; `other` is what `used` holds beyond the Trainer's parts."""
+    """One sample; `other` is what CUDA's allocated bytes hold beyond the Trainer's parts.
+
+    On CPU `used` is the process RSS: mostly the interpreter and torch's libraries, not
+    tensors, so nothing of it is stacked as `other` (0); the chart draws RSS as its own line.
+    """
     accounted = sum(parts.get(key, 0) for key in PARTS)
     return {
         "rank": rank,
@@ -98,7 +103,7 @@ def make_sample(
         "device_used": device_used,
         "oom_count": oom_count,
         **{key: parts.get(key, 0) for key in PARTS},
-        "other": max(0, used - accounted),
+        "other": max(0, used - accounted) if device_kind == "cuda" else 0,
     }
 
 

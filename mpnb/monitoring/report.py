@@ -14,7 +14,9 @@ from mpnb.units import format_bytes
 class MemoryReport:
     """Per-rank peak bytes by category; shows as a table, `.data` for your own plots."""
 
-    COLUMNS = ("parameters", "gradients", "optimizer", "other", "used", "peak", "capacity", "estimate")
+    COLUMNS = (
+        "parameters", "gradients", "optimizer", "activations", "other", "used", "peak", "capacity", "estimate"
+    )
 
     def __init__(self, peaks: dict[int, dict[str, int]], estimate: dict[int, int] | None) -> None:
         self.rows: list[dict[str, Any]] = []

@@ -9,7 +9,7 @@
  * draws are coalesced to at most one per animation frame, and only when the
  * data changed and the chart is visible.
  */
-import { MemoryHistory } from './history';
+import { Category, MemoryHistory } from './history';
 import { legendKey } from './legend';
 import { RankPlot } from './rankplot';
 
@@ -18,6 +18,8 @@ export interface IMemoryChartOptions {
   plotHeight?: number;
   /** Ranks to show even before their first sample. */
   ranks?: number[];
+  /** Categories hidden at first (the key's buttons toggle them). */
+  hidden?: Category[];
 }
 
 /** Draw-time statistics, read by the browser benchmark. */
@@ -36,6 +38,8 @@ export class MemoryChart {
   readonly stats: IDrawStats = { draws: 0, totalMs: 0, maxMs: 0, recent: [], lastPoints: 0 };
   /** Decimate for drawing (off only to measure what decimation saves). */
   decimate = true;
+  /** Categories the key has hidden: not stacked, and the axis zooms to the rest. */
+  readonly hidden: Set<Category>;
   private _plots = new Map<number, RankPlot>();
   private _plotsNode: HTMLDivElement;
   private _empty: HTMLDivElement;
@@ -56,7 +60,8 @@ export class MemoryChart {
     this._ranks = options.ranks ?? [];
     this.node = document.createElement('div');
     this.node.className = 'mpnb-memory-chart';
-    this.node.appendChild(legendKey());
+    this.hidden = new Set(options.hidden ?? []);
+    this.node.appendChild(legendKey(this.hidden, c => this.toggle(c)));
     this._empty = document.createElement('div');
     this._empty.className = 'mpnb-memory-chart-empty';
     this._empty.textContent = 'Waiting for memory samples…';
@@ -100,6 +105,15 @@ export class MemoryChart {
   setRanks(ranks: number[]): void {
     this._ranks = [...ranks];
     this._drawnVersion = -1;
+    this.requestDraw();
+  }
+
+  /** Hide a shown category or show a hidden one, in every rank. */
+  toggle(category: Category): void {
+    if (!this.hidden.delete(category)) {
+      this.hidden.add(category);
+    }
+    this.invalidate();
     this.requestDraw();
   }
 
@@ -150,9 +164,9 @@ export class MemoryChart {
       }
       // One bucket per two pixels, at most two rows each: about one point per pixel.
       const buckets = this.decimate ? Math.max(25, plot.width / 2) : Number.MAX_SAFE_INTEGER;
-      const series = this.history.series(rank, buckets);
+      const series = this.history.series(rank, buckets, this.hidden);
       points += series.t.length;
-      plot.update(series);
+      plot.update(series, this.hidden);
       plot.drawnKey = plot.drawn ? key : '';
     }
     this._drawnVersion = this.history.version;
@@ -188,7 +202,7 @@ export class MemoryChart {
   }
 
   private _keyOf(plot: RankPlot): string {
-    return `${this.history.drawKey(plot.rank)}:${plot.width}`;
+    return `${this.history.drawKey(plot.rank)}:${plot.width}:${[...this.hidden].join(',')}`;
   }
 
   private _insertPlot(rank: number, plot: RankPlot): void {

@@ -24,3 +24,20 @@ export function formatClock(t: number, seconds = true): string {
   const hm = `${pad(d.getHours())}:${pad(d.getMinutes())}`;
   return seconds ? `${hm}:${pad(d.getSeconds())}` : hm;
 }
+
+/** Seconds since the cell started -> "0 s", "45 s", "1:30", "1:02:03" (the charts' time axis). */
+export function formatElapsed(seconds: number): string {
+  if (!Number.isFinite(seconds)) {
+    return '—';
+  }
+  const sign = seconds < 0 ? '-' : '';
+  const whole = Math.round(Math.abs(seconds));
+  if (whole < 60) {
+    return `${sign}${whole} s`;
+  }
+  const pad = (n: number): string => String(n).padStart(2, '0');
+  const h = Math.floor(whole / 3600);
+  const m = Math.floor((whole % 3600) / 60);
+  const rest = pad(whole % 60);
+  return h > 0 ? `${sign}${h}:${pad(m)}:${rest}` : `${sign}${m}:${rest}`;
+}

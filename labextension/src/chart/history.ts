@@ -21,30 +21,43 @@ export interface IMemorySample {
   parameters?: number;
   gradients?: number;
   optimizer?: number;
+  activations?: number;
   other?: number;
 }
 
-/** Stacking order, bottom to top. */
-export const CATEGORIES = ['parameters', 'gradients', 'optimizer', 'other'] as const;
+/**
+ * Stacking order, bottom to top. `activations` are what autograd saved for backward
+ * (tracked by the engine); `other` is CUDA-allocated bytes beyond the four, 0 on CPU,
+ * where the process RSS is drawn as its own line instead.
+ */
+export const CATEGORIES = ['parameters', 'gradients', 'optimizer', 'activations', 'other'] as const;
 export type Category = (typeof CATEGORIES)[number];
 
 // Column layout of each rank's ring buffer.
 const T = 0;
-const CAT0 = 1; // parameters, gradients, optimizer, other: columns 1..4
-const USED = 5;
-const PEAK = 6;
-const BUSY = 7;
-const WIDTH = 8;
+const CAT0 = 1; // the categories: columns 1..5
+const USED = 6;
+const PEAK = 7;
+const BUSY = 8;
+const WIDTH = 9;
+/** Index of the stack's top in `IRankSeries.stacked`. */
+export const TOP = CATEGORIES.length - 1;
 
 /** What one rank's chart draws: decimated, with cumulative (stacked) tops. */
 export interface IRankSeries {
   rank: number;
+  /** Seconds since the history's origin (the cell's start, else its first sample). */
   t: Float64Array;
   /** Raw per-category bytes, same length as `t`. */
   values: Record<Category, Float64Array>;
-  /** Cumulative tops: stacked[0] = parameters, stacked[3] = total. */
+  /**
+   * Cumulative tops of the shown categories: stacked[i] tops CATEGORIES[i]; a hidden
+   * category adds nothing, so stacked[last] is the total of those shown.
+   */
   stacked: Float64Array[];
-  /** Highest stacked total in the window, and when. */
+  /** `used` per row: the process RSS on CPU, CUDA-allocated bytes on a GPU. */
+  usedRows: Float64Array;
+  /** Highest stacked total in the window, and when (seconds since the origin). */
   windowPeak: { t: number; value: number } | null;
   /** The engine's own peak (since its last reset), from the newest sample. */
   peak: number;
@@ -72,6 +85,8 @@ export class MemoryHistory {
   private _ranks = new Map<number, IRankData>();
   private _estimate = new Map<number, number>();
   private _capacity = 0;
+  private _origin = 0;
+  private _firstT = NaN;
   private _historySeconds: number;
   private _listeners = new Set<() => void>();
   private _version = 0;
@@ -116,6 +131,20 @@ export class MemoryHistory {
 
   set capacity(bytes: number) {
     this._capacity = Number.isFinite(bytes) && bytes > 0 ? bytes : 0;
+    this._settingsVersion++;
+    this._changed();
+  }
+
+  /**
+   * Unix seconds the time axis counts from (the cell's start); 0 = the first sample
+   * since the last reset. Every chart, live and static, shows seconds since the cell started.
+   */
+  get origin(): number {
+    return this._origin > 0 ? this._origin : Number.isFinite(this._firstT) ? this._firstT : 0;
+  }
+
+  set origin(t: number) {
+    this._origin = Number.isFinite(t) && t > 0 ? t : 0;
     this._settingsVersion++;
     this._changed();
   }
@@ -177,13 +206,20 @@ export class MemoryHistory {
       const parameters = num(s.parameters);
       const gradients = num(s.gradients);
       const optimizer = num(s.optimizer);
+      const activations = num(s.activations);
       const used = num(s.used);
-      const other = s.other === undefined ? Math.max(0, used - parameters - gradients - optimizer) : num(s.other);
+      // CPU RSS is mostly the interpreter, not tensors: never stacked (older engines sent it as other).
+      const derived = s.device_kind === 'cpu' ? 0 : Math.max(0, used - parameters - gradients - optimizer - activations);
+      const other = s.device_kind === 'cpu' ? 0 : s.other === undefined ? derived : num(s.other);
+      if (!(s.t >= this._firstT)) {
+        this._firstT = s.t; // the earliest sample since the reset (NaN compares false)
+      }
       row[T] = s.t;
       row[CAT0] = parameters;
       row[CAT0 + 1] = gradients;
       row[CAT0 + 2] = optimizer;
-      row[CAT0 + 3] = other;
+      row[CAT0 + 3] = activations;
+      row[CAT0 + 4] = other;
       row[USED] = used;
       row[PEAK] = Math.max(num(s.peak), used);
       row[BUSY] = s.busy ? 1 : 0;
@@ -208,23 +244,27 @@ export class MemoryHistory {
   /** Forget every sample (a `reset` message, or a new cluster). */
   reset(): void {
     this._ranks.clear();
+    this._firstT = NaN;
     this._settingsVersion++;
     this._changed();
   }
 
   /**
    * The rows of one rank's window, decimated to about `buckets` time buckets
-   * (2 rows each at most), with stacked tops ready to draw.
+   * (2 rows each at most), with the tops of the categories not `hidden` stacked, ready to draw.
    */
-  series(rank: number, buckets: number): IRankSeries {
+  series(rank: number, buckets: number, hidden: ReadonlySet<Category> = new Set()): IRankSeries {
     const data = this._ranks.get(rank);
     const empty = new Float64Array(0);
     if (!data || data.buffer.length === 0) {
+      const values = {} as Record<Category, Float64Array>;
+      CATEGORIES.forEach(c => (values[c] = empty));
       return {
         rank,
         t: empty,
-        values: { parameters: empty, gradients: empty, optimizer: empty, other: empty },
-        stacked: [empty, empty, empty, empty],
+        values,
+        stacked: CATEGORIES.map(() => empty),
+        usedRows: empty,
         windowPeak: null,
         peak: 0,
         used: 0,
@@ -239,10 +279,15 @@ export class MemoryHistory {
     const n = buf.length;
     const t = buf.column(T);
     const raw = CATEGORIES.map((_, c) => buf.column(CAT0 + c));
+    const shown = CATEGORIES.map(c => !hidden.has(c));
     const total = new Float64Array(n);
     let peakIndex = 0;
     for (let i = 0; i < n; i++) {
-      total[i] = raw[0][i] + raw[1][i] + raw[2][i] + raw[3][i];
+      let sum = 0;
+      for (let c = 0; c < raw.length; c++) {
+        sum += shown[c] ? raw[c][i] : 0;
+      }
+      total[i] = sum;
       if (total[i] > total[peakIndex]) {
         peakIndex = i;
       }
@@ -252,21 +297,27 @@ export class MemoryHistory {
     CATEGORIES.forEach((name, c) => (values[name] = gather(raw[c], idx)));
     const stacked: Float64Array[] = [];
     let acc = new Float64Array(idx.length);
-    for (const name of CATEGORIES) {
+    CATEGORIES.forEach((name, c) => {
       const next = new Float64Array(idx.length);
       const v = values[name];
       for (let k = 0; k < idx.length; k++) {
-        next[k] = acc[k] + v[k];
+        next[k] = acc[k] + (shown[c] ? v[k] : 0);
       }
       stacked.push(next);
       acc = next;
+    });
+    const origin = this.origin;
+    const times = gather(t, idx);
+    for (let k = 0; k < times.length; k++) {
+      times[k] -= origin;
     }
     return {
       rank,
-      t: gather(t, idx),
+      t: times,
       values,
       stacked,
-      windowPeak: { t: t[peakIndex], value: total[peakIndex] },
+      usedRows: gather(buf.column(USED), idx),
+      windowPeak: { t: t[peakIndex] - origin, value: total[peakIndex] },
       peak: buf.last(PEAK),
       used: buf.last(USED),
       busy: buf.last(BUSY) === 1,

@@ -1,40 +1,69 @@
-/** The colour and label of each series, and the key that explains them above the plots. */
+/** The colour and label of each series, and the key above the plots that explains and toggles them. */
 import { CATEGORIES, Category } from './history';
 
 export const CATEGORY_COLORS: Record<Category, string> = {
   parameters: '#4e79a7',
   gradients: '#f28e2b',
   optimizer: '#59a14f',
+  activations: '#b07aa1',
   other: '#bab0ac'
 };
+/** Short names for the hover readout. */
 export const CATEGORY_LABELS: Record<Category, string> = {
   parameters: 'params',
   gradients: 'grads',
   optimizer: 'optim',
+  activations: 'activ',
   other: 'other'
+};
+/** Names in the key; activations are counted by saved-tensor hooks, a lower bound. */
+export const CATEGORY_KEY_LABELS: Record<Category, string> = {
+  parameters: 'parameters',
+  gradients: 'gradients',
+  optimizer: 'optimizer',
+  activations: 'activations (tracked)',
+  other: 'other (allocated)'
 };
 export const ESTIMATE_COLOR = '#7b3294';
 export const CAPACITY_COLOR = '#d62728';
 export const PEAK_COLOR = '#d62728';
+export const RSS_COLOR = '#555555';
 
-/** The colour key shared by all ranks of one chart. */
-export function legendKey(): HTMLDivElement {
+/**
+ * The key shared by all ranks of one chart. Each category is a toggle button: a click hides
+ * or shows it in every rank (and the axis zooms to what is left shown).
+ */
+export function legendKey(hidden: ReadonlySet<Category>, onToggle: (c: Category) => void): HTMLDivElement {
   const key = document.createElement('div');
   key.className = 'mpnb-memory-chart-key';
-  const item = (cls: string, label: string, color: string): void => {
-    const span = document.createElement('span');
-    span.className = 'mpnb-key-item';
+  const item = (tag: 'span' | 'button', cls: string, label: string, color: string): HTMLElement => {
+    const node = document.createElement(tag);
+    node.className = 'mpnb-key-item';
     const swatch = document.createElement('span');
     swatch.className = `mpnb-key-swatch ${cls}`;
     swatch.style.setProperty('--mpnb-key-color', color);
-    span.append(swatch, document.createTextNode(label));
-    key.appendChild(span);
+    node.append(swatch, document.createTextNode(label));
+    key.appendChild(node);
+    return node;
   };
   for (const c of CATEGORIES) {
-    item('mpnb-key-area', c, CATEGORY_COLORS[c]);
+    const button = item('button', 'mpnb-key-area', CATEGORY_KEY_LABELS[c], CATEGORY_COLORS[c]) as HTMLButtonElement;
+    button.type = 'button';
+    button.dataset.category = c;
+    button.title = `Show or hide ${CATEGORY_KEY_LABELS[c]}`;
+    const sync = (): void => {
+      button.setAttribute('aria-pressed', String(!hidden.has(c)));
+      button.classList.toggle('mpnb-mod-hidden', hidden.has(c));
+    };
+    sync();
+    button.addEventListener('click', () => {
+      onToggle(c);
+      sync();
+    });
   }
-  item('mpnb-key-dashed', 'estimate', ESTIMATE_COLOR);
-  item('mpnb-key-line', 'capacity', CAPACITY_COLOR);
-  item('mpnb-key-peak', 'peak', PEAK_COLOR);
+  item('span', 'mpnb-key-line', 'process RSS (CPU, right axis)', RSS_COLOR);
+  item('span', 'mpnb-key-dashed', 'estimate', ESTIMATE_COLOR);
+  item('span', 'mpnb-key-line', 'capacity', CAPACITY_COLOR);
+  item('span', 'mpnb-key-peak', 'peak', PEAK_COLOR);
   return key;
 }

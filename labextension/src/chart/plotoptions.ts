@@ -1,9 +1,9 @@
 /** What one rank's uPlot looks like: axes, tick steps, the stacked areas and the reference lines. */
 import uPlot from 'uplot';
 
-import { formatBytes, formatClock } from './format';
-import { Category } from './history';
-import { CAPACITY_COLOR, CATEGORY_COLORS, ESTIMATE_COLOR } from './legend';
+import { formatBytes, formatElapsed } from './format';
+import { CATEGORIES, Category } from './history';
+import { CAPACITY_COLOR, CATEGORY_COLORS, ESTIMATE_COLOR, RSS_COLOR } from './legend';
 
 // Y tick steps: 1, 2, 5 x 10^k of KiB, MiB, GiB, TiB, so ticks read "200 MiB", not "954 MiB".
 const BYTE_STEPS = [2 ** 10, 2 ** 20, 2 ** 30, 2 ** 40].flatMap(unit =>
@@ -16,15 +16,24 @@ const TIME_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 720
 export interface IPlotCallbacks {
   /** Top of the y axis, read on every draw. */
   yMax: () => number;
+  /** Top of the right (process RSS) axis, read on every draw. */
+  rssMax: () => number;
   onCursor: (idx: number | null) => void;
   onDraw: (u: uPlot) => void;
 }
 
 /**
  * Options for one rank's plot. Colours and fonts come from the JupyterLab theme of `node`;
- * the series are, in order: time, the four stacked tops (top first), estimate, capacity.
+ * the series are, in order: time (seconds since the cell started), the stacked tops (top
+ * first), estimate, capacity, process RSS (on its own right axis, which only CPU ranks get).
  */
-export function plotOptions(node: HTMLElement, width: number, height: number, callbacks: IPlotCallbacks): uPlot.Options {
+export function plotOptions(
+  node: HTMLElement,
+  width: number,
+  height: number,
+  callbacks: IPlotCallbacks,
+  rssAxis: boolean
+): uPlot.Options {
   const style = getComputedStyle(node);
   const fg = style.getPropertyValue('--jp-ui-font-color2').trim() || '#616161';
   const grid = style.getPropertyValue('--jp-border-color2').trim() || '#e0e0e0';
@@ -42,8 +51,9 @@ export function plotOptions(node: HTMLElement, width: number, height: number, ca
     legend: { show: false },
     cursor: { drag: { x: false, y: false }, points: { show: false } },
     scales: {
-      x: { time: true },
-      y: { range: () => [0, callbacks.yMax()] }
+      x: { time: false },
+      y: { range: () => [0, callbacks.yMax()] },
+      rss: { range: () => [0, callbacks.rssMax()] }
     },
     axes: [
       {
@@ -54,7 +64,7 @@ export function plotOptions(node: HTMLElement, width: number, height: number, ca
         incrs: TIME_STEPS,
         grid: { stroke: grid, width: 1 },
         ticks: { stroke: grid, width: 1 },
-        values: (_u, splits, _axis, _space, step) => splits.map(v => formatClock(v, step < 60))
+        values: (_u, splits) => splits.map(v => formatElapsed(v))
       },
       {
         stroke: fg,
@@ -65,17 +75,28 @@ export function plotOptions(node: HTMLElement, width: number, height: number, ca
         grid: { stroke: grid, width: 1 },
         ticks: { stroke: grid, width: 1 },
         values: (_u, splits) => splits.map(v => formatBytes(v))
+      },
+      {
+        scale: 'rss',
+        side: 1,
+        show: rssAxis,
+        stroke: RSS_COLOR,
+        font,
+        size: rssAxis ? 58 : 0,
+        space: 24,
+        incrs: BYTE_STEPS,
+        grid: { show: false },
+        ticks: { stroke: grid, width: 1 },
+        values: (_u, splits) => splits.map(v => formatBytes(v))
       }
     ],
     // Top of the stack first: each area fills down to zero and the next one covers it.
     series: [
       {},
-      area('other'),
-      area('optimizer'),
-      area('gradients'),
-      area('parameters'),
+      ...[...CATEGORIES].reverse().map(area),
       { label: 'estimate', stroke: ESTIMATE_COLOR, width: 1.5, dash: [6, 4], points: { show: false } },
-      { label: 'capacity', stroke: CAPACITY_COLOR, width: 1.5, points: { show: false } }
+      { label: 'capacity', stroke: CAPACITY_COLOR, width: 1.5, points: { show: false } },
+      { label: 'process RSS', scale: 'rss', stroke: RSS_COLOR, width: 1.5, points: { show: false } }
     ],
     hooks: {
       setCursor: [u => callbacks.onCursor(u.cursor.idx ?? null)],

@@ -1,14 +1,11 @@
 /** One rank of the memory chart: a header line, a uPlot and a hover readout. */
 import uPlot from 'uplot';
 
-import { formatBytes, formatClock } from './format';
-import { CATEGORIES, IRankSeries } from './history';
+import { formatBytes, formatElapsed } from './format';
+import { CATEGORIES, Category, IRankSeries, TOP } from './history';
 import { CATEGORY_LABELS, PEAK_COLOR } from './legend';
 import { plotOptions } from './plotoptions';
-
-// Capacity is drawn when it is within this factor of the data; a CPU "capacity"
-// is the machine's RAM and would flatten the chart.
-const CAPACITY_IN_VIEW_FACTOR = 4;
+import { scalesOf } from './scale';
 
 export class RankPlot {
   readonly node: HTMLDivElement;
@@ -24,6 +21,8 @@ export class RankPlot {
   private _plot: uPlot | null = null;
   private _series: IRankSeries | null = null;
   private _yMax = 1;
+  private _rssMax = 1;
+  private _rssAxis = false;
   private _capacityShown = false;
 
   constructor(
@@ -74,47 +73,55 @@ export class RankPlot {
     }
   }
 
-  update(series: IRankSeries): void {
+  /** Draw `series`; `hidden` categories get no area (their stacked tops add nothing). */
+  update(series: IRankSeries, hidden: ReadonlySet<Category> = new Set()): void {
     this._series = series;
     const n = series.t.length;
-    const dataMax = maxOf(series.stacked[3]);
     const estimate = series.estimate;
-    this._capacityShown =
-      series.capacity > 0 && series.capacity <= CAPACITY_IN_VIEW_FACTOR * Math.max(dataMax, estimate ?? 0);
-    this._yMax =
-      Math.max(dataMax, estimate ?? 0, this._capacityShown ? series.capacity : 0, 1024 * 1024) * 1.08;
+    const scales = scalesOf(series);
+    this._capacityShown = scales.capacityShown;
+    this._yMax = scales.yMax;
+    this._rssMax = scales.rssMax;
+    const cpu = series.deviceKind === 'cpu';
     this._title.textContent = `rank ${series.rank}${series.deviceKind ? ` · ${series.deviceKind}` : ''}${
       series.busy ? ' · busy' : ''
     }`;
     this.node.classList.toggle('mpnb-mod-busy', series.busy);
     this.node.dataset.points = String(n);
     this.node.dataset.parameters = String(n > 0 ? series.values.parameters[n - 1] : 0);
-    const summary = [`used ${formatBytes(series.used)}`, `peak ${formatBytes(series.peak)}`];
+    const summary = cpu
+      ? [`RSS ${formatBytes(series.used)}`, `peak RSS ${formatBytes(series.peak)}`]
+      : [`allocated ${formatBytes(series.used)}`, `peak ${formatBytes(series.peak)}`];
     if (estimate !== null) {
       summary.push(`est ${formatBytes(estimate)}`);
     }
     if (series.capacity > 0) {
       summary.push(`of ${formatBytes(series.capacity)}`);
     }
-    this._summary.textContent = summary.join(' · ');
+    // No-break spaces inside an item: a narrow sidebar wraps between items, never "7.83 | MiB".
+    this._summary.textContent = summary.map(item => item.replace(/ /g, '\u00a0')).join(' · ');
+    if (this._plot && this._rssAxis !== cpu) {
+      this._plot.destroy(); // the device became known: add or drop the RSS axis
+      this._plot = null;
+    }
     if (!this._plot) {
       if (this.width <= 0) {
         return;
       }
+      this._rssAxis = cpu;
       this._plot = this._create();
     }
     const fill = (value: number | null, show: boolean): (number | null)[] =>
       new Array(n).fill(show && value !== null ? value : null);
     const plot = this._plot;
     // batch: draw now, not in a microtask, so the draw-time statistics are honest.
+    const tops = CATEGORIES.map((c, i) => (hidden.has(c) ? fill(null, false) : series.stacked[i])).reverse();
     plot.batch(() => plot.setData([
       series.t,
-      series.stacked[3],
-      series.stacked[2],
-      series.stacked[1],
-      series.stacked[0],
+      ...tops,
       fill(estimate, estimate !== null),
-      fill(series.capacity, this._capacityShown)
+      fill(series.capacity, this._capacityShown),
+      cpu ? series.usedRows : fill(null, false)
     ] as uPlot.AlignedData));
     this._showReadout(this._plot.cursor.idx ?? null);
   }
@@ -128,10 +135,11 @@ export class RankPlot {
   private _create(): uPlot {
     const opts = plotOptions(this.node, this.width, this._height, {
       yMax: () => this._yMax,
+      rssMax: () => this._rssMax,
       onCursor: idx => this._showReadout(idx),
       onDraw: u => this._drawPeak(u)
-    });
-    return new uPlot(opts, [[], [], [], [], [], [], []], this.host);
+    }, this._rssAxis);
+    return new uPlot(opts, opts.series.map(() => []) as unknown as uPlot.AlignedData, this.host);
   }
 
   /** Exact numbers under the cursor, or the newest sample when not hovering. */
@@ -142,9 +150,15 @@ export class RankPlot {
       return;
     }
     const i = idx === null || idx < 0 || idx >= s.t.length ? s.t.length - 1 : idx;
-    const parts = CATEGORIES.map(c => `${CATEGORY_LABELS[c]} ${formatBytes(s.values[c][i])}`);
-    parts.push(`total ${formatBytes(s.stacked[3][i])}`);
-    this._readout.textContent = `${idx === null ? 'now' : formatClock(s.t[i])} · ${parts.join(' · ')}`;
+    const cpu = s.deviceKind === 'cpu';
+    const parts = CATEGORIES.filter(c => !cpu || c !== 'other').map(
+      c => `${CATEGORY_LABELS[c]} ${formatBytes(s.values[c][i])}`
+    );
+    parts.push(`stack ${formatBytes(s.stacked[TOP][i])}`);
+    if (cpu) {
+      parts.push(`RSS ${formatBytes(s.usedRows[i])}`);
+    }
+    this._readout.textContent = `${idx === null ? 'now' : formatElapsed(s.t[i])} · ${parts.join(' · ')}`;
   }
 
   /** A marker and label at the highest stacked total in the window. */
@@ -174,14 +188,4 @@ export class RankPlot {
     ctx.fillText(label, tx, Math.max(y - r * 2.2, u.bbox.top + 10 * devicePixelRatio));
     ctx.restore();
   }
-}
-
-function maxOf(values: Float64Array): number {
-  let max = 0;
-  for (let i = 0; i < values.length; i++) {
-    if (values[i] > max) {
-      max = values[i];
-    }
-  }
-  return max;
 }

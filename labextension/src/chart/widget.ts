@@ -1,7 +1,7 @@
 /**
  * ipywidgets front end of `mpnb.monitoring.chart.MemoryChart` (contract in
  * docs/internals.md): synced traits `ranks`, `estimate`, `capacity`,
- * `history_seconds`; custom messages {type: "samples"} and {type: "reset"}.
+ * `history_seconds`, `t0` (the time axis origin: the cell's start); custom messages {type: "samples"} and {type: "reset"}.
  * The history lives on the model so every view of one widget shows the same
  * data, including samples that arrived before the view was created.
  */
@@ -32,7 +32,8 @@ export class MemoryChartModel extends DOMWidgetModel {
       ranks: [],
       estimate: {},
       capacity: 0,
-      history_seconds: 600
+      history_seconds: 600,
+      t0: 0
     };
   }
 
@@ -41,6 +42,8 @@ export class MemoryChartModel extends DOMWidgetModel {
     this.history = new MemoryHistory(positive(this.get('history_seconds'), 600));
     this.history.setEstimate(this.get('estimate'));
     this.history.capacity = Number(this.get('capacity')) || 0;
+    this.history.origin = Number(this.get('t0')) || 0;
+    this.on('change:t0', () => (this.history.origin = Number(this.get('t0')) || 0));
     this.on('change:estimate', () => this.history.setEstimate(this.get('estimate')));
     this.on('change:capacity', () => (this.history.capacity = Number(this.get('capacity')) || 0));
     this.on('change:history_seconds', () => {
