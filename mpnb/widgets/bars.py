@@ -46,20 +46,35 @@ def _rank_label(ranks: list[int]) -> str:
     return ",".join(str(r) for r in ranks)
 
 
-def legend() -> str:
-    items = "".join(
-        f'<span class="mpnb-panel-legend-item" style="margin-right:10px;white-space:nowrap">'
-        f'<span style="display:inline-block;width:10px;height:10px;background:{colour};'
-        f'margin-right:4px;vertical-align:middle"></span>{label}</span>'
-        for label, colour in CATEGORIES.values()
-    )
-    return f'<div class="mpnb-panel-legend" style="font-size:11px;margin:4px 0">{items}</div>'
+MODEL_STATES = ("parameters", "gradients", "optimizer")  # the ZeRO paper's model states
+OTHER = ("activations", "buffers")  # what the paper's Figure 1 leaves out
+CAPACITY_COLOUR = "#c44e52"
 
 
-def bar(label: str, r: RankEstimate, scale: float, capacity: int, *, kind: str = "rank") -> str:
-    """One stacked bar: label, coloured segments, capacity marker, total."""
+def legend(keys: tuple[str, ...] = tuple(CATEGORIES), *, capacity: bool = False) -> str:
+    """Swatches for the categories `keys`, and the dashed capacity line when the bars draw it."""
+    items = [
+        f'<span class="mpnb-panel-legend-item" data-category="{key}" '
+        'style="margin-right:10px;white-space:nowrap">'
+        f'<span style="display:inline-block;width:10px;height:10px;background:{CATEGORIES[key][1]};'
+        f'margin-right:4px;vertical-align:middle"></span>{CATEGORIES[key][0]}</span>'
+        for key in keys
+    ]
+    if capacity:
+        items.append(
+            '<span class="mpnb-panel-legend-item" data-category="capacity" style="white-space:nowrap">'
+            f'<span style="display:inline-block;width:0;height:12px;border-left:2px dashed {CAPACITY_COLOUR};'
+            'margin:0 6px 0 4px;vertical-align:middle"></span>memory per rank (the dashed line)</span>'
+        )
+    return f'<div class="mpnb-panel-legend" style="font-size:11px;margin:4px 0">{"".join(items)}</div>'
+
+
+def bar(label: str, r: RankEstimate, scale: float, capacity: int, *, kind: str = "rank",
+        keys: tuple[str, ...] = tuple(CATEGORIES)) -> str:
+    """One stacked bar of the categories `keys`: label, coloured segments, capacity marker, their sum."""
     segments = []
-    for key, (name, colour) in CATEGORIES.items():
+    for key in keys:
+        name, colour = CATEGORIES[key]
         value = getattr(r, key)
         if value <= 0:
             continue
@@ -75,22 +90,23 @@ def bar(label: str, r: RankEstimate, scale: float, capacity: int, *, kind: str =
         left = min(100.0, 100.0 * capacity / scale)
         marker = (
             f'<div class="mpnb-panel-capacity" data-bytes="{capacity}" '
-            f'title="capacity {format_bytes(capacity)}" '
-            f'style="position:absolute;top:-2px;bottom:-2px;left:{left:.4f}%;border-left:2px dashed #c44e52">'
-            "</div>"
+            f'title="memory per rank {format_bytes(capacity)}" '
+            f'style="position:absolute;top:-2px;bottom:-2px;left:{left:.4f}%;'
+            f'border-left:2px dashed {CAPACITY_COLOUR}"></div>'
         )
-    fits = capacity <= 0 or r.total <= capacity
-    offload = f" + {format_bytes(r.offloaded)} on CPU" if r.offloaded else ""
-    total_style = "" if fits else "color:#c44e52;font-weight:bold"
+    total = sum(getattr(r, key) for key in keys)
+    fits = capacity <= 0 or total <= capacity
+    offload = f" + {format_bytes(r.offloaded)} on CPU" if r.offloaded and "optimizer" in keys else ""
+    total_style = "" if fits else f"color:{CAPACITY_COLOUR};font-weight:bold"
     return (
-        f'<div class="mpnb-panel-row" data-{kind}="{html.escape(label)}" data-total="{r.total}" '
+        f'<div class="mpnb-panel-row" data-{kind}="{html.escape(label)}" data-total="{total}" '
         f'data-fits="{str(fits).lower()}" '
         'style="display:flex;align-items:center;margin:3px 0;font-size:12px">'
         f'<div class="mpnb-panel-label" style="width:90px;flex:none">{html.escape(label)}</div>'
         f'<div class="mpnb-panel-bar" style="position:relative;flex:1;height:16px;background:#eee;'
         f'white-space:nowrap;overflow:visible">{"".join(segments)}{marker}</div>'
         f'<div class="mpnb-panel-total" style="width:150px;flex:none;text-align:right;{total_style}">'
-        f"{format_bytes(r.total)}{offload}</div></div>"
+        f"{format_bytes(total)}{offload}</div></div>"
     )
 
 
@@ -99,7 +115,8 @@ def estimate_html(est: Estimate, capacity: int) -> str:
     groups = rank_groups(est)
     scale = max([capacity * 1.05, *(r.total for _, r in groups), 1])
     rows = "".join(bar(f"rank {label}", r, scale, capacity) for label, r in groups)
-    parts = [f'<div class="mpnb-panel-estimate-bars" data-total="{est.total}">', legend(), rows]
+    parts = [f'<div class="mpnb-panel-estimate-bars" data-total="{est.total}">',
+             legend(capacity=capacity > 0), rows]
     if capacity > 0 and not est.fits(capacity):
         worst = est.worst
         parts.append(
@@ -121,21 +138,3 @@ def estimate_html(est: Estimate, capacity: int) -> str:
         )
     parts.append("</div>")
     return "".join(parts)
-
-
-def compare_html(rows: list[tuple[str, Estimate | str]], capacity: int) -> str:
-    """One bar per strategy (its most loaded rank), or the reason it cannot run."""
-    totals = [est.total for _, est in rows if isinstance(est, Estimate)]
-    scale = max([capacity * 1.05, *totals, 1])
-    out = ['<div class="mpnb-panel-compare-bars">', legend()]
-    for name, est in rows:
-        if isinstance(est, Estimate):
-            out.append(bar(name, est.worst, scale, capacity, kind="strategy"))
-        else:
-            out.append(
-                f'<div class="mpnb-panel-row mpnb-panel-unavailable" data-strategy="{html.escape(name)}" '
-                f'style="font-size:12px;color:#777;margin:3px 0">{html.escape(name)}: '
-                f"{html.escape(est)}</div>"
-            )
-    out.append("</div>")
-    return "".join(out)

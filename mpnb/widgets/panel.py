@@ -14,7 +14,7 @@ code export/import) and `panel_apply` (Apply and the link to the session).
 
 Stable CSS classes for browser tests and styling: `mpnb-panel` (root),
 `mpnb-panel-form`, `mpnb-panel-strategy`, `mpnb-panel-zero-stage`,
-`mpnb-panel-apply`, `mpnb-panel-message`, `mpnb-panel-summary`,
+`mpnb-panel-apply`, `mpnb-panel-apply-status`, `mpnb-panel-message`, `mpnb-panel-summary`,
 `mpnb-panel-changes`, `mpnb-panel-estimate`, `mpnb-panel-compare`,
 `mpnb-panel-export`, `mpnb-panel-import`, `mpnb-panel-lr`, `mpnb-panel-capacity-input`,
 and inside the bars (see `mpnb.widgets.bars`) `mpnb-panel-row` (data-rank or
@@ -107,8 +107,10 @@ class ConfigPanel(SessionLink, ConfigFiles, widgets.VBox):
                                 titles=["Estimate per rank", "Compare strategies", "Export", "Import"])
         right = widgets.VBox([self.tabs], layout=widgets.Layout(width="52%"))
         right.add_class("mpnb-panel-right")
-        actions = widgets.HBox([self.apply_button, self.lr])
-        self.children = [self.summary, widgets.HBox([form, right]), self.message, actions, self.changes]
+        actions = widgets.HBox([self.apply_button, self.apply_status],
+                               layout=widgets.Layout(align_items="center"))
+        self.children = [self.summary, widgets.HBox([form, right]), self.message, actions, self.changes,
+                         self._lr_box]
 
     def _refresh(self, change: Any = None) -> None:
         if self._updating:
@@ -128,13 +130,11 @@ class ConfigPanel(SessionLink, ConfigFiles, widgets.VBox):
             cfg, problems = None, [str(exc)]
         if problems:
             self.message.value = ERROR_HTML.format("".join(f"<div>{html.escape(p)}</div>" for p in problems))
-            self.apply_button.disabled = True
-            self.apply_button.tooltip = problems[0]
         else:
-            unchanged = cfg == self.config
             self.message.value = ""
-            self.apply_button.disabled = unchanged
-            self.apply_button.tooltip = "nothing changed" if unchanged else "send this config to every rank"
+        before = self.config.global_batch_size(world)
+        batch_changes = cfg is not None and cfg.global_batch_size(world) != before
+        self._show_apply_state(problems[0] if problems else None, cfg == self.config, batch_changes)
         self._show_summary(cfg, world)
         self._show_estimate(cfg if not problems else None)
         self._show_compare()

@@ -53,9 +53,16 @@ class SessionLink(EstimateViews):
         self.message.add_class("mpnb-panel-message")
         self.apply_button = widgets.Button(description="Apply", button_style="primary", icon="check")
         self.apply_button.add_class("mpnb-panel-apply")
-        self.lr = widgets.FloatText(value=learning_rate or 0.0, description="Current learning rate",
+        self.apply_status = widgets.HTML()  # why Apply is greyed out, or what it will do
+        self.apply_status.add_class("mpnb-panel-apply-status")
+        # only asked for when the global batch changes: it feeds the learning-rate advice, nothing else
+        self.lr = widgets.FloatText(value=learning_rate or 0.0, description="Your learning rate",
                                     style=WIDE_LABELS)
         self.lr.add_class("mpnb-panel-lr")
+        self._lr_box = widgets.HBox([self.lr, widgets.HTML(NOTE_SPAN.format(
+            "optional: only for the advice on rescaling it to the new global batch; "
+            "mpnb does not change your optimizer"))])
+        self._lr_box.layout.display = "none"
         self.changes = widgets.HTML()
         self.changes.add_class("mpnb-panel-changes")
 
@@ -86,8 +93,9 @@ class SessionLink(EstimateViews):
             self.message.value = ERROR_HTML.format(html.escape(str(exc)))
             return self.config
         self.config = cfg
-        if self._session is not None and self.last_estimate is not None:
-            # the live memory chart draws this as its dashed "predicted" line
+        if self._session is not None and self.last_estimate is not None and self._model is not None:
+            # the live chart's dashed line, only for a model the user gave (not the GPT-2 default);
+            # the next mpnb.prepare replaces it with the estimate for the model it prepares
             with contextlib.suppress(MpnbError):
                 self._session.memory.estimate = self._estimate(cfg).by_rank()
         diff = old.diff(cfg)
@@ -110,6 +118,24 @@ class SessionLink(EstimateViews):
         if self._batch_change is not None:
             parts.append(batch_change_message(*self._batch_change, float(self.lr.value or 0.0)))
         self.changes.value = "".join(parts)
+
+    def _show_apply_state(self, problem: str | None, unchanged: bool, batch_changes: bool) -> None:
+        """Apply looks enabled (primary) only when it is, and says why when it is not."""
+        if problem is not None:
+            enabled, why = False, "fix the settings above first"
+        elif unchanged:
+            enabled, why = False, "nothing to apply: the form shows the applied config; change a setting"
+        else:
+            enabled = True
+            why = "keeps this config in the panel (no cluster running)"
+            if self._session is not None:
+                why = "sends this config to every rank; the next mpnb.prepare uses it"
+        self.apply_button.disabled = not enabled
+        self.apply_button.button_style = "primary" if enabled else ""
+        self.apply_button.tooltip = problem or why
+        self.apply_status.value = NOTE_SPAN.format(html.escape(why))
+        show_lr = batch_changes or self._batch_change is not None
+        self._lr_box.layout.display = "" if show_lr else "none"
 
     def _on_session_change(self, sess: Any) -> None:
         event = getattr(sess, "last_event", "config")

@@ -13,7 +13,8 @@ import ipywidgets as widgets
 from mpnb.errors import ConfigError, MpnbError
 from mpnb.planning.config import Config
 from mpnb.planning.estimator import Estimate, estimate
-from mpnb.widgets.bars import compare_html, estimate_html
+from mpnb.widgets.bars import estimate_html
+from mpnb.widgets.panel_compare import compare_html
 from mpnb.widgets.panel_form import StrategyForm
 from mpnb.widgets.panel_plan import parse_count
 from mpnb.widgets.panel_style import ERROR_HTML
@@ -102,7 +103,8 @@ class EstimateViews(StrategyForm):
 
     def _show_compare(self) -> None:
         rows = list(self.compare_estimates().items())
-        intro = ('<div style="font-size:12px;margin-bottom:4px">The most loaded rank under each '
-                 "data-parallel strategy, same model, batch and precision: the ZeRO paper's Figure 1 "
-                 "for your model.</div>")
-        self.compare.value = intro + compare_html(rows, self.capacity())
+        try:
+            precision = self.pending_config().precision
+        except ConfigError:
+            precision = self.config.precision
+        self.compare.value = compare_html(rows, self.capacity(), precision)

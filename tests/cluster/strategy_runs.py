@@ -41,7 +41,9 @@ def mpnb_run(config, steps=20, optim="sgd", lr=0.1, batch=8, seed=0, model="gpt"
     losses = [trainer.step(b) for b in itertools.islice(data, start, None)]
     if keep_state:
         mpnb_state = trainer.state_dict()
+    counts = trainer.parameter_counts()
     return {"losses": losses, "breakdown": trainer.memory_breakdown(), "n_params": n_params,
+            "counts": (counts.total, counts.local, str(counts)),
             "eval": trainer.eval_step(next(iter(synthetic_batches(batch_size=batch, steps=1, seed=seed + 1))))
                     if model == "gpt" else None}
 '''

@@ -68,6 +68,18 @@ def test_sgd_losses_match_single_process(view, reference, case):
 def test_adamw_losses_match_single_process(view, reference, case):
     results = cluster_run(view, SGD_CASES[case], steps=STEPS, **ADAMW)
     assert_close(results[0]["losses"], reference["adamw"], rel=1e-4)
+    # trainer.parameter_counts(): the whole model on every rank, and what this rank holds of it
+    # (model.num_parameters() says 0 under ZeRO-3, whose partitions sit in ds_tensor)
+    n = results[0]["n_params"]
+    assert [r["counts"][0] for r in results] == [n, n]
+    held = [r["counts"][1] for r in results]
+    if case in ("ddp", "zero1"):
+        assert held == [n, n] and "all held on this rank" in results[0]["counts"][2]
+    elif case == "tensor":  # the block matrices are split, embeddings and norms replicated
+        assert all(n / 2 < h < n for h in held) and "tensor-parallel" in results[0]["counts"][2]
+    else:  # zero3, fsdp: shards; pipeline: stages
+        assert sum(held) == n and all(0 < h < n for h in held), held
+        assert f"{held[0]:,} held on this rank" in results[0]["counts"][2]
 
 
 @pytest.mark.parametrize("case", BF16_CASES)

@@ -44,6 +44,12 @@ def test_composition_matches_single_process(view, case):
     results = cluster_run(view, CASES[case], steps=STEPS, **SGD)
     assert len({tuple(r["losses"]) for r in results}) == 1, "all 4 ranks report the same loss"
     assert_close(results[0]["losses"], want, rel=1e-4)
+    # trainer.parameter_counts(): the whole model everywhere; each rank holds under half of it
+    n = results[0]["n_params"]
+    counts = [r["counts"] for r in results]
+    assert all(total == n and held < n / 2 for total, held, _ in counts), counts
+    if case == "pipeline-x-data":  # 2 stages x 2 FSDP shards: the 4 parts are the model
+        assert sum(held for _, held, _ in counts) == n
 
 
 def test_tensor_x_data_with_adamw_and_quarter_memory(view):
