@@ -192,6 +192,19 @@ def test_cluster_start_cell_state_samples_and_stop(probe: KernelProbe) -> None:
         and m["content"]["execution_state"] == "idle", 60, mark,
     )
 
+    # The sidebar's "log" link: the end of a rank's own engine log, only from paths the session knows.
+    probe.execute("%%distributed --no-monitor\nfrom mpnb.cluster import logs\n"
+                  "logs.write(f'log-probe rank {rank}')")
+    mark = len(probe.iopub)
+    probe.send_comm(comm_id, {"type": "log", "id": "q1", "rank": 1, "path": "/etc/passwd"})
+    reply = probe.wait_comm(comm_id, lambda d: d.get("type") == "log" and d.get("id") == "q1", 20, mark)
+    assert reply["path"] == cluster["ranks"][1]["log"] and reply["path"].endswith(".log"), reply
+    assert reply["text"].splitlines()[-1] == "log-probe rank 1" and "root:" not in reply["text"], reply
+    assert "log-probe rank 0" not in reply["text"] and reply["error"] == ""
+    probe.send_comm(comm_id, {"type": "log", "id": "q2", "rank": 7})
+    missing = probe.wait_comm(comm_id, lambda d: d.get("type") == "log" and d.get("id") == "q2", 20, mark)
+    assert missing["text"] == "" and "Rank 7" in missing["error"]
+
     # Samples added to the session's store reach the comm, batched to at most ~4 messages a second.
     mark = len(probe.iopub)
     t0 = time.monotonic()

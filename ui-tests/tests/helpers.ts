@@ -43,9 +43,10 @@ export const test = galataTest.extend({
 
 export const SCREENSHOTS = path.resolve(__dirname, '..', '..', 'test-results', 'screenshots');
 
-export async function screenshot(page: IJupyterLabPageFixture, name: string): Promise<string> {
-  fs.mkdirSync(SCREENSHOTS, { recursive: true });
-  const file = path.join(SCREENSHOTS, `${name}.png`);
+/** Save a screenshot of the page as `<dir>/<name>.png` (by default under test-results/screenshots). */
+export async function screenshot(page: IJupyterLabPageFixture, name: string, dir = SCREENSHOTS): Promise<string> {
+  fs.mkdirSync(dir, { recursive: true });
+  const file = path.join(dir, `${name}.png`);
   await page.screenshot({ path: file });
   return file;
 }
@@ -90,7 +91,10 @@ export async function activateNotebook(page: IJupyterLabPageFixture, path: strin
  * not leave engines behind, whatever step failed.
  */
 export async function stopCluster(page: IJupyterLabPageFixture, path: string): Promise<void> {
-  await runCommand(page, 'docmanager:open', { path, factory: 'Notebook' });
+  // Not runCommand: the opened widget is not serialisable back to the test.
+  await page.evaluate(async path => {
+    await (window as any).jupyterapp.commands.execute('docmanager:open', { path, factory: 'Notebook' });
+  }, path);
   await page.evaluate(async () => {
     const kernel = (window as any).jupyterapp.shell.currentWidget?.sessionContext?.session?.kernel;
     if (!kernel) {

@@ -90,6 +90,15 @@ test('sidebar, status bar, memory chart and stop on a 2-rank cluster', async ({ 
       }
       await page.waitForTimeout(2000); // a little training history on the chart for the picture
       await screenshot(page, 'e2e-1-running');
+      // CPU ranks: the RSS is its own line and axis; the key's buttons hide categories
+      await expect(sidebar.locator('.mpnb-rank-chart-summary').first()).toContainText('RSS');
+      await expect(sidebar.locator('.mpnb-rank-chart-summary').first()).toContainText('est '); // prepare sent it
+      const activations = sidebar.locator('.mpnb-memory-chart-key button[data-category="activations"]');
+      await expect(activations).toHaveAttribute('aria-pressed', 'true');
+      await activations.click();
+      await expect(activations).toHaveAttribute('aria-pressed', 'false');
+      await screenshot(page, 'e2e-1b-activations-hidden');
+      await activations.click();
     });
 
     await test.step('"Stop All Ranks" from the notebook toolbar ends the running cell', async () => {
@@ -100,6 +109,18 @@ test('sidebar, status bar, memory chart and stop on a 2-rank cluster', async ({ 
       await expect(trainCell.locator('.mpnb-cell-ranks')).toHaveClass(/mpnb-status-stopped/);
       await expect(status).toHaveText('mpnb · 2 ranks · DDP · idle', { timeout: 30_000 });
       await screenshot(page, 'e2e-2-stopped');
+    });
+
+    await test.step('a rank\'s "log" link opens the end of its engine log in a read-only tab', async () => {
+      await sidebar.locator('.mpnb-rank-row[data-rank="1"] .mpnb-log-link').click();
+      const tab = page.locator('.lm-DockPanel-tabBar .lm-TabBar-tab', { hasText: 'mpnb log · rank 1' });
+      await expect(tab).toBeVisible();
+      const panel = page.locator('.mpnb-log-panel:not(.lm-mod-hidden)');
+      await expect(panel.locator('.mpnb-log-path')).toContainText(/last 200 lines of \/.*engine-\d+\.log/);
+      await expect(panel.locator('.mpnb-log-text')).not.toHaveText(/^(Loading…)?$/);
+      await screenshot(page, 'e2e-2b-engine-log');
+      await tab.locator('.lm-TabBar-tabCloseIcon').click();
+      await expect(tab).toBeHidden();
     });
 
     await test.step('page reload: the sidebar reconnects with the cluster and the chart history', async () => {

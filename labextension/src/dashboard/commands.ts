@@ -7,10 +7,11 @@
 import type { JupyterFrontEnd } from '@jupyterlab/application';
 import { ICommandPalette, Notification } from '@jupyterlab/apputils';
 import { NotebookActions } from '@jupyterlab/notebook';
-import { refreshIcon, runIcon, settingsIcon, stopIcon } from '@jupyterlab/ui-components';
+import { refreshIcon, runIcon, settingsIcon, stopIcon, textEditorIcon } from '@jupyterlab/ui-components';
 
 import { mpnbIcon } from './icons';
 import { executeInKernel, LOAD_MPNB } from './kernelexec';
+import { EngineLogPanel, engineLogPanelId } from './logpanel';
 import { ConnectionRegistry } from './registry';
 
 export const CommandIDs = {
@@ -19,7 +20,8 @@ export const CommandIDs = {
   restart: 'mpnb:restart-cluster',
   stopRanks: 'mpnb:stop-ranks',
   configPanel: 'mpnb:open-config-panel',
-  dashboard: 'mpnb:open-dashboard'
+  dashboard: 'mpnb:open-dashboard',
+  engineLog: 'mpnb:show-engine-log'
 } as const;
 
 export const PALETTE_CATEGORY = 'mpnb (distributed)';
@@ -104,7 +106,13 @@ export function addCommands(app: JupyterFrontEnd, registry: ConnectionRegistry, 
         return;
       }
       cell.model.sharedModel.setSource('import mpnb\nmpnb.config_panel()');
+      // The new cell can be below the fold (from the sidebar, the active cell is anywhere):
+      // bring it to the top of the view, again once the panel has rendered under it.
+      await notebook.scrollToCell(cell, 'start');
       await NotebookActions.run(notebook, panel.sessionContext);
+      if (!cell.isDisposed) {
+        await notebook.scrollToCell(cell, 'start');
+      }
     }
   });
   commands.addCommand(CommandIDs.dashboard, {
@@ -113,6 +121,36 @@ export function addCommands(app: JupyterFrontEnd, registry: ConnectionRegistry, 
     icon: mpnbIcon,
     execute: () => {
       app.shell.activateById(sidebarId);
+    }
+  });
+  addLogCommand(app, registry);
+}
+
+function addLogCommand(app: JupyterFrontEnd, registry: ConnectionRegistry): void {
+  const rankOf = (args: { rank?: unknown }): number => {
+    const rank = Number(args.rank);
+    return Number.isInteger(rank) && rank >= 0 ? rank : 0;
+  };
+  app.commands.addCommand(CommandIDs.engineLog, {
+    label: args => (args.rank === undefined ? 'Show mpnb Engine Log' : `Show Engine Log of Rank ${rankOf(args)}`),
+    caption: args =>
+      `The last lines of rank ${rankOf(args)}’s engine log (compiler and library output), read-only`,
+    icon: textEditorIcon,
+    isEnabled: () => !!registry.current?.state.cluster,
+    execute: async args => {
+      const connection = registry.current;
+      if (!connection) {
+        return;
+      }
+      const rank = rankOf(args);
+      const id = engineLogPanelId(connection, rank);
+      let panel = Array.from(app.shell.widgets('main')).find(w => w.id === id) as EngineLogPanel | undefined;
+      if (!panel) {
+        panel = new EngineLogPanel(connection, rank);
+        app.shell.add(panel, 'main', { mode: 'split-right' });
+      }
+      app.shell.activateById(id);
+      await panel.refresh();
     }
   });
 }

@@ -6,15 +6,19 @@
  */
 import type { ISessionContext } from '@jupyterlab/apputils';
 import type { Kernel, KernelMessage } from '@jupyterlab/services';
+import { UUID } from '@lumino/coreutils';
 import { IDisposable } from '@lumino/disposable';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { IMemorySample, MemoryHistory } from '../chart/history';
+import { IEngineLog, parseLogReply } from './enginelog';
 import { DashboardEvent, IDashboardState, INITIAL_STATE, reduce } from './state';
 
 export const COMM_TARGET = 'mpnb.dashboard';
 // How long to wait for the kernel's comm subshell before opening on the main shell.
 const SUBSHELL_WAIT_MS = 3000;
+// A log request is answered at once, unless a cell holds a kernel without subshells.
+const LOG_TIMEOUT_MS = 15000;
 
 export class DashboardConnection implements IDisposable {
   readonly history = new MemoryHistory(600);
@@ -25,6 +29,7 @@ export class DashboardConnection implements IDisposable {
   private _reopenOnIdle = false;
   private _retriedAfterClose = false;
   private _disposed = false;
+  private _logRequests = new Map<string, (reply: IEngineLog) => void>();
 
   constructor(readonly sessionContext: ISessionContext) {
     sessionContext.kernelChanged.connect(this._onKernelChanged, this);
@@ -56,6 +61,26 @@ export class DashboardConnection implements IDisposable {
     } else {
       void this._open();
     }
+  }
+
+  /** The end of `rank`'s engine log, read by the kernel from the path its session recorded. */
+  requestLog(rank: number, lines: number): Promise<IEngineLog> {
+    const comm = this._comm;
+    if (!comm || comm.isDisposed || this._state.connection !== 'connected') {
+      return Promise.reject(new Error('mpnb is not connected to this notebook’s kernel.'));
+    }
+    const id = UUID.uuid4();
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this._logRequests.delete(id);
+        reject(new Error('The kernel did not answer: it may be busy with a cell. Try Refresh later.'));
+      }, LOG_TIMEOUT_MS);
+      this._logRequests.set(id, reply => {
+        clearTimeout(timer);
+        resolve(reply);
+      });
+      comm.send({ type: 'log', id, rank, lines });
+    });
   }
 
   dispose(): void {
@@ -205,6 +230,13 @@ export class DashboardConnection implements IDisposable {
     if (message.type === 'state') {
       this._retriedAfterClose = false;
       this._dispatch(message as DashboardEvent);
+    } else if (message.type === 'log') {
+      const reply = parseLogReply(data);
+      const resolve = reply ? this._logRequests.get(reply.id) : undefined;
+      if (reply && resolve) {
+        this._logRequests.delete(reply.id);
+        resolve(reply);
+      }
     } else if (message.type === 'samples' && Array.isArray(message.samples)) {
       this.history.add(message.samples);
       this._dispatch({ type: 'samples', samples: message.samples });

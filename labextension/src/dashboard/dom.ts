@@ -12,6 +12,14 @@ export function rankChips(ranks: Record<string, string>): HTMLElement {
   return chips;
 }
 
+/** "ZeRO-2 · mb 8 × accum 1" with no-break spaces inside items: a line wraps only at " · ". */
+export function wholeItems(line: string): string {
+  return line
+    .split(' · ')
+    .map(item => item.replace(/ /g, '\u00a0'))
+    .join(' · ');
+}
+
 /** A muted paragraph: what the sidebar says when there is nothing to show. */
 export function note(text: string): HTMLElement {
   return el('p', 'mpnb-note', text);

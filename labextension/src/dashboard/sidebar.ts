@@ -8,7 +8,7 @@ import { Widget } from '@lumino/widgets';
 import { MemoryChart } from '../chart/chart';
 import { CommandIDs } from './commands';
 import { DashboardConnection } from './connection';
-import { el, note, rankChips } from './dom';
+import { el, note, rankChips, wholeItems } from './dom';
 import { mpnbIcon } from './icons';
 import { ConnectionRegistry } from './registry';
 import { IDashboardState } from './state';
@@ -104,13 +104,16 @@ export class DistributedSidebar extends Widget {
     );
     out.push(summary);
     const strategy = el('div', 'mpnb-strategy');
-    strategy.append(el('span', 'mpnb-label', 'Strategy '), el('span', 'mpnb-strategy-line', state.strategy || '—'));
+    strategy.append(
+      el('span', 'mpnb-label', 'Strategy '),
+      el('span', 'mpnb-strategy-line', wholeItems(state.strategy) || '—')
+    );
     out.push(strategy);
     out.push(this._buttons());
 
     const table = el('table', 'mpnb-ranks');
     const head = el('tr');
-    for (const name of ['rank', 'host', 'device', 'state']) {
+    for (const name of ['rank', 'host', 'device', 'state', '']) {
       head.append(el('th', undefined, name));
     }
     table.append(head);
@@ -123,6 +126,7 @@ export class DistributedSidebar extends Widget {
       const cell = el('td', 'mpnb-rank-state');
       cell.append(dot, document.createTextNode(stateText));
       row.append(el('td', undefined, String(r.rank)), el('td', undefined, r.host), el('td', undefined, r.device), cell);
+      row.append(this._logLink(r.rank));
       row.title = r.pid === null ? '' : `pid ${r.pid}`;
       table.append(row);
     }
@@ -165,6 +169,16 @@ export class DistributedSidebar extends Widget {
       this._button(CommandIDs.configPanel, 'Config panel', 'mpnb-config-button jp-mod-styled jp-mod-reject')
     );
     return bar;
+  }
+
+  /** Opens the end of the rank's engine log (where compiler and library output goes) in a tab. */
+  private _logLink(rank: number): HTMLElement {
+    const cell = el('td', 'mpnb-rank-log');
+    const link = el('button', 'mpnb-log-link', 'log') as HTMLButtonElement;
+    link.title = this._commands.caption(CommandIDs.engineLog, { rank });
+    link.onclick = () => void this._commands.execute(CommandIDs.engineLog, { rank });
+    cell.append(link);
+    return cell;
   }
 
   private _button(command: string, label: string, cls: string): HTMLButtonElement {

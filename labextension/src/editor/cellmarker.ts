@@ -96,9 +96,10 @@ export class DistributedCellMarker implements IDisposable {
       label.textContent =
         cellState.status === 'running' ? `${busy} rank${busy === 1 ? '' : 's'} busy` : cellState.status;
       badge.append(label, rankChips(cellState.ranks));
-      const host = target.node.querySelector('.jp-Cell-inputWrapper') ?? target.node;
-      host.querySelector(`.${BADGE_CLASS}`)?.remove();
-      host.appendChild(badge);
+      // A row of its own under the input, not over it: the chips never cover the code.
+      target.node.querySelector(`.${BADGE_CLASS}`)?.remove();
+      const input = target.node.querySelector(':scope > .jp-Cell-inputWrapper');
+      target.node.insertBefore(badge, input ? input.nextSibling : null);
       target.toggleClass('mpnb-mod-ranks-busy', cellState.status === 'running');
     }
   }
