@@ -65,11 +65,10 @@ def prepare(
     if optimizer is None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     module = importlib.import_module(STRATEGY_MODULES[Strategy(cfg.strategy)])
-    estimated = _estimate_totals(model, cfg, ctx.world_size)  # while the model is still whole
-    monitor.announce_estimate(estimated)  # the chart's line changes now, not after a slow prepare
+    # the chart's line for this model, now rather than after a slow prepare, while the model is whole
+    monitor.announce_estimate(_estimate_totals(model, cfg, ctx.world_size))
     total_parameters = count_parameters(model.parameters()).total  # a pipeline stage keeps only its part
     trainer = module.prepare(model, optimizer, cfg, dims, ctx, loss_fn)
-    trainer.estimated_totals = estimated
     trainer.total_parameters = total_parameters
     state.set_active_trainer(trainer)
     return trainer

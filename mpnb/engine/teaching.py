@@ -1,7 +1,8 @@
 """Measuring tools the teaching notebooks run inside `%%distributed` cells (engine side).
 
 `SavedTensorMeter` (bytes autograd keeps for backward), `LiveActivationMeter`
-(those still alive, and their peak, as backwards free them), `gathered_parameter_bytes`
+(those still alive, and their peak, as backwards free them; it lives in
+`mpnb.engine.activations`, which the memory chart shares), `gathered_parameter_bytes`
 (FSDP parameters currently unsharded), `StageTimer` (busy intervals of one
 pipeline stage, per microbatch) with `sync_clock` (one time axis for every rank)
 and `pipeline_steps` (both, plus live activations, for a few training steps),
@@ -18,6 +19,8 @@ import functools
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from mpnb.engine.activations import LiveActivationMeter, saved_storage
 
 # ---------------------------------------------------------------------------- activations
 
@@ -37,17 +40,10 @@ class SavedTensorMeter:
         self._hooks: Any = None
 
     def _pack(self, t: Any) -> Any:
-        import torch
-
-        base = t._base if t._base is not None else t
-        if isinstance(t, torch.nn.Parameter) or isinstance(base, torch.nn.Parameter):
-            return t
-        local = t.to_local() if hasattr(t, "to_local") else t
-        storage = local.untyped_storage()
-        key = (storage.data_ptr(), storage.nbytes())
-        if key not in self._seen and storage.nbytes():
+        key = saved_storage(t)
+        if key is not None and key not in self._seen:
             self._seen.add(key)
-            self.bytes += storage.nbytes()
+            self.bytes += key[1]
             self.tensors += 1
         return t
 
@@ -55,69 +51,6 @@ class SavedTensorMeter:
         import torch
 
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-        self._hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._hooks.__exit__(*exc)
-
-
-class _Saved:
-    """One tensor autograd keeps for backward; tells the meter when autograd lets go of it."""
-
-    __slots__ = ("key", "meter", "tensor")
-
-    def __init__(self, meter: LiveActivationMeter, tensor: Any, key: tuple[int, int] | None) -> None:
-        self.meter, self.tensor, self.key = meter, tensor, key
-
-    def __del__(self) -> None:
-        if self.key is not None:
-            self.meter._release(self.key)
-
-
-class LiveActivationMeter:
-    """Bytes autograd holds for backward *right now*, and their peak (`peak_bytes`) while active.
-
-    Unlike `SavedTensorMeter` (everything one forward saved), this follows the
-    activations as backwards free them: a pipeline schedule that runs a
-    microbatch's backward early (1F1B) peaks lower than one that keeps every
-    microbatch's activations until all forwards are done (GPipe). Parameters
-    are not counted; a storage saved several times counts once.
-    """
-
-    def __init__(self) -> None:
-        self.bytes = 0
-        self.peak_bytes = 0
-        self._refs: dict[tuple[int, int], int] = {}
-        self._hooks: Any = None
-
-    def _pack(self, t: Any) -> _Saved:
-        import torch
-
-        base = t._base if t._base is not None else t
-        if isinstance(t, torch.nn.Parameter) or isinstance(base, torch.nn.Parameter):
-            return _Saved(self, t, None)
-        storage = (t.to_local() if hasattr(t, "to_local") else t).untyped_storage()
-        key = (storage.data_ptr(), storage.nbytes())
-        if not self._refs.get(key):
-            self.bytes += key[1]
-            self.peak_bytes = max(self.peak_bytes, self.bytes)
-        self._refs[key] = self._refs.get(key, 0) + 1
-        return _Saved(self, t, key)
-
-    def _release(self, key: tuple[int, int]) -> None:
-        left = self._refs.get(key, 0) - 1
-        if left > 0:
-            self._refs[key] = left
-            return
-        if self._refs.pop(key, None) is not None:
-            self.bytes -= key[1]
-
-    def __enter__(self) -> LiveActivationMeter:
-        import torch
-
-        self.peak_bytes = self.bytes
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda saved: saved.tensor)
         self._hooks.__enter__()
         return self
 

@@ -146,9 +146,6 @@ class Trainer:
         self.device = device or torch.device("cpu")
         self.dp_rank, self.dp_size, self.dp_group = dp_rank, dims.dp, dp_group
         self.steps = 0
-        # {rank: bytes} mpnb.estimate predicts for the whole model under `config` (set by prepare,
-        # which sees the model before it is sharded or split); the memory chart's dashed line
-        self.estimated_totals: dict[int, int] | None = None
         self.total_parameters: int | None = None  # the whole model's count, set by prepare (pipeline)
         self._grad_bytes_at_backward = 0
         self.activation_tracker = ActivationTracker()  # saved-for-backward bytes, for the memory chart
