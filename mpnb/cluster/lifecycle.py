@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from mpnb.cluster import ipp_log, launch, recovery, watchdog
 from mpnb.cluster.launch import DEFAULT_PG_TIMEOUT_S, WorldPlan
-from mpnb.cluster.ranks import form_world, short_error
+from mpnb.cluster.ranks import form_world, short_error, wait_for_warm_up
 from mpnb.cluster.session import Session, current, release_current, set_current
 from mpnb.cluster.session import session as live_session
 from mpnb.errors import ClusterError, RankError
@@ -293,6 +293,7 @@ def _wait_idle(session: Session, ranks: list[int], timeout: float) -> None:
 def _go_live(sess: Session, event: str, t0: float, verbose: bool) -> Session:
     """Last steps of start, connect and restart: monitor on, one summary line, listeners told."""
     _start_monitor(sess)
+    wait_for_warm_up(sess.client)  # after the monitor's start, which overlaps it
     if verbose:
         print(sess.summary(time.perf_counter() - t0))
     sess.notify(event)

@@ -37,9 +37,9 @@ def saved_storage(t: Any) -> StorageKey | None:
             return None
         storage = (t.to_local() if hasattr(t, "to_local") else t).untyped_storage()  # DTensor: its shard
         size = storage.nbytes()
-    except Exception:  # a tensor subclass without a storage: not counted, never an error
+        return (storage.data_ptr(), size) if size else None
+    except Exception:  # a tensor subclass or a freed storage without a data pointer: not counted
         return None
-    return (storage.data_ptr(), size) if size else None
 
 
 class _Saved:
