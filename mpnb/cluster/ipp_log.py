@@ -166,16 +166,29 @@ class EngineExits:
 
 def stop_cluster(cluster: Any) -> list[str]:
     """Stop the controller and engines; what went wrong goes to the log, and one line to the caller."""
-    try:
-        cluster.stop_cluster_sync()
-    except Exception as exc:
-        logger().exception("stopping the cluster failed")
-        name = getattr(exc, "ename", type(exc).__name__)
-        return [
-            f"mpnb: stopping the cluster failed ({name}: {exc}); some engines may still be running. "
-            f"Details: {path()}"
-        ]
+    for attempt in range(2):
+        try:
+            cluster.stop_cluster_sync()
+            return []
+        except RuntimeError as exc:
+            # ipyparallel's engine set iterates its launchers while an engine's exit callback removes
+            # one ("dictionary changed size during iteration"); stopping again finds them stopped.
+            if attempt == 0 and "changed size during iteration" in str(exc):
+                logger().info("stopping the cluster raced with an engine's exit; stopping again")
+                continue
+            return _stop_failed(exc)
+        except Exception as exc:
+            return _stop_failed(exc)
     return []
+
+
+def _stop_failed(exc: BaseException) -> list[str]:
+    logger().error("stopping the cluster failed", exc_info=exc)
+    name = getattr(exc, "ename", type(exc).__name__)
+    return [
+        f"mpnb: stopping the cluster failed ({name}: {exc}); some engines may still be running. "
+        f"Details: {path()}"
+    ]
 
 
 def _alive(process: Any) -> bool:
@@ -187,12 +200,15 @@ def _alive(process: Any) -> bool:
         return False
 
 
-def print_lines(lines: Iterable[str], stream: Any = None) -> None:
-    """Failures go to stderr (the notebook shows them as such), after what the cell printed so far."""
+def print_lines(lines: Iterable[str], stream: Any = None, flush_stdout: bool = True) -> None:
+    """Failures go to stderr (the notebook shows them as such), after what the cell printed so far.
+
+    `flush_stdout=False` at kernel exit: ipykernel's stdout may then wait 10 s for its stopped thread."""
     text = "".join(f"{line}\n" for line in lines)
     stream = stream or sys.stderr
     if text and stream is not None:
         with contextlib.suppress(Exception):  # a closed stream at kernel exit
-            sys.stdout.flush()
+            if flush_stdout:
+                sys.stdout.flush()
             stream.write(text)
             stream.flush()

@@ -382,17 +382,20 @@ def _stop_at_exit() -> None:
     """The kernel is exiting: stop the cluster mpnb started (its engines, nannies and stack-dump files).
 
     ipyparallel's own exit hook is off for it (it prints the cluster's repr and engine logs). One line
-    goes to the kernel's stderr (the server's log), and only what really failed after it."""
+    goes to the kernel's stderr (the server's log) before the work, since the server kills a kernel
+    that takes more than 5 s to exit; only what really failed follows it."""
     sess = current()
     if sess is None or sess.cluster is None:
         return  # a connected cluster keeps running
     stream = sys.__stderr__
+    said = ["mpnb: stopping the cluster (the kernel is shutting down)."]
+    ipp_log.print_lines(said, stream, flush_stdout=False)
     try:
         problems = _close(sess, at_exit=True)
     except Exception as exc:
         ipp_log.logger().exception("stopping the cluster at exit failed")
         problems = [f"mpnb: stopping the cluster failed ({short_error(exc)}). Details: {ipp_log.path()}"]
-    ipp_log.print_lines(["mpnb: cluster stopped (the kernel is shutting down).", *problems], stream)
+    ipp_log.print_lines(problems, stream, flush_stdout=False)
 
 
 atexit.register(_stop_at_exit)

@@ -145,7 +145,7 @@ def test_kernel_shutdown_stops_the_cluster_with_one_line(kernel):
 
     text = Path(kernel.stderr.name).read_text()
     ours = [line for line in text.splitlines() if "mpnb" in line or "luster" in line]
-    assert ours == ["mpnb: cluster stopped (the kernel is shutting down)."], text
+    assert ours == ["mpnb: stopping the cluster (the kernel is shutting down)."], text
     assert not any(word in text for word in ENGINE_LOG_WORDS), text
     assert len(engine_pids) == 2
     assert wait_for(lambda: not any(psutil.pid_exists(p) for p in engine_pids), timeout=15)
