@@ -388,8 +388,7 @@ def _stop_at_exit() -> None:
     if sess is None or sess.cluster is None:
         return  # a connected cluster keeps running
     stream = sys.__stderr__
-    said = ["mpnb: stopping the cluster (the kernel is shutting down)."]
-    ipp_log.print_lines(said, stream, flush_stdout=False)
+    ipp_log.print_lines(["mpnb: stopping the cluster (the kernel is shutting down)."], stream, False)
     try:
         problems = _close(sess, at_exit=True)
     except Exception as exc:

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mpnb.engine import rendezvous
+
 
 def _outbound_ip(towards: str | None) -> str:
     """The address other hosts reach this one on: the interface routing towards the controller."""
@@ -39,30 +41,6 @@ def free_port(address: str = "127.0.0.1") -> int:
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.bind((address, 0))
         return s.getsockname()[1]
-
-
-def _rendezvous_store(rank: int, world_size: int, master_addr: str, master_port: int, timeout: Any) -> Any:
-    """The process group's TCPStore, served by rank 0 on `master_addr` only.
-
-    torch's `tcp://` rendezvous serves it on every interface (`::`), unauthenticated: anyone who
-    reaches the host could read or rewrite the rendezvous keys. So rank 0 binds the address the
-    ranks use (loopback on one host) and hands the listening socket to the store.
-    """
-    from torch.distributed import TCPStore
-
-    if rank != 0:
-        return TCPStore(master_addr, master_port, world_size, False, timeout)
-    family, _, _, _, address = socket.getaddrinfo(master_addr, master_port, type=socket.SOCK_STREAM)[0]
-    listener = socket.create_server(address, family=family)
-    fd = listener.detach()  # the store owns and closes the fd from here on
-    inode = os.fstat(fd).st_ino
-    try:
-        return TCPStore(master_addr, master_port, world_size, True, timeout, master_listen_fd=fd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            if os.fstat(fd).st_ino == inode:  # not yet taken (and closed) by the store
-                os.close(fd)
-        raise
 
 
 def _bind_gloo_to(master_addr: str) -> None:
@@ -177,16 +155,16 @@ def setup(
         dist.destroy_process_group()
     _bind_gloo_to(master_addr)
     timeout = datetime.timedelta(seconds=timeout_s)
-    dist.init_process_group(
-        backend,
-        store=_rendezvous_store(rank, world_size, master_addr, master_port, timeout),
-        rank=rank,
-        world_size=world_size,
-        timeout=timeout,
-    )
+    from mpnb.engine import own_group, state
+
+    store = rendezvous.store(rank, world_size, master_addr, master_port, timeout)  # loopback-bound
+    own_group.real_init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    # what forming the group again needs (own_group: a cell destroyed it, or a script owned it)
+    state.timeout_s = timeout_s
+    own_group.install(store)  # a cell's own init_process_group uses this group
 
     import mpnb
-    from mpnb.engine import control, ds_ops, state
+    from mpnb.engine import control, ds_ops
 
     control.install()  # cooperative stop and stack dumps in %%distributed cells
     quiet.install()  # library chatter to the engine's log; `%%distributed --verbose` shows it
@@ -195,6 +173,7 @@ def setup(
     state.rank, state.world_size = rank, world_size
     state.local_rank, state.local_world_size = local_rank, local_world_size
     state.device, state.backend = str(device), backend
+    state.master_addr, state.master_port = master_addr, master_port
     state.set_config(config)
 
     shell = _shell()
@@ -210,6 +189,9 @@ def teardown() -> None:
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_initialized():
         dist.destroy_process_group()
+    own_group = sys.modules.get("mpnb.engine.own_group")
+    if own_group is not None:
+        own_group.forget()  # its kept store goes too
 
 
 def prepare_exit() -> None:

@@ -30,7 +30,7 @@ import threading
 from typing import Any
 
 from mpnb import private_files
-from mpnb.engine import gloo_unblock
+from mpnb.engine import gloo_unblock, own_group
 
 STACK_SIGNAL = signal.SIGUSR1
 CELL_MARK = "# %%distributed"  # line 1 of what mpnb.execution sends (a comment, so line numbers match)
@@ -108,6 +108,7 @@ def _pre_run_cell(info: Any) -> None:
     first = (getattr(info, "raw_cell", "") or "").split("\n", 1)[0]
     if first.startswith(CELL_MARK):
         begin_cell(collective=COLLECTIVE_MARK in first)
+        own_group.before_cell(collective=COLLECTIVE_MARK in first)  # a cell destroyed the group: form it
     else:
         _in_cell = False
 

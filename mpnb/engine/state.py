@@ -16,6 +16,9 @@ local_rank: int = 0
 local_world_size: int = 1
 device: str = "cpu"  # "cpu" or "cuda:N" (N is always 0 after CUDA_VISIBLE_DEVICES binding)
 backend: str = "gloo"
+master_addr: str = "127.0.0.1"  # where rank 0 serves the group's store (`%mpnb run` sets MASTER_*)
+master_port: int = 0  # the live mpnb group's store port (mpnb.engine.own_group moves it on each re-form)
+timeout_s: float = 1800.0  # the group's timeout: own_group forms the group again with it
 
 # The session's active mpnb.Config as a dict (Config.to_dict()); mpnb.prepare reads it.
 config: dict[str, Any] = {}
