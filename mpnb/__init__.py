@@ -31,6 +31,7 @@ _LAZY: dict[str, str] = {
     "restart": "mpnb.cluster.lifecycle",
     "session": "mpnb.cluster.session",
     "Session": "mpnb.cluster.session",
+    "run": "mpnb.execution.script",  # a torchrun script on every rank (`%mpnb run`)
     # configuration and prediction (kernel side, no torch)
     "Config": "mpnb.planning.config",
     "estimate": "mpnb.planning.estimator",
@@ -63,6 +64,7 @@ __all__ = [
     "memory_report",
     "prepare",
     "restart",
+    "run",
     "session",
     "should_stop",
     "start",
@@ -97,6 +99,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from mpnb.engine.control import should_stop
     from mpnb.engine.prepare import prepare
     from mpnb.engine.trainer import Trainer
+    from mpnb.execution.script import run
     from mpnb.monitoring.chart import memory_plot
     from mpnb.monitoring.report import memory_report
     from mpnb.planning.config import Config

@@ -31,7 +31,10 @@ MPNB_USAGE = """\
 %mpnb status | restart | heal | stop
 %mpnb config [key=value ...]
 %mpnb pull NAME [--rank R]
-%mpnb push NAME"""
+%mpnb push NAME
+%mpnb run [--keep] [--timeout S] [--output MODE] [--quiet|--verbose] [--no-monitor] SCRIPT [ARGS...]
+    (runs a torchrun script on every rank, as torchrun would; --keep merges its globals into the
+    engines' namespace, like IPython's %run)"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -69,6 +72,15 @@ def _build_parsers() -> dict[str, _Parser]:
     pull.add_argument("--rank", type=int, default=None)
     push = p["push"] = _parser("push")
     push.add_argument("name")
+    run = p["run"] = _parser("run")
+    run.add_argument("--keep", action="store_true", help="merge the script's globals into the engines' names")
+    run.add_argument("--timeout", default=None, help="interrupt the script after this many seconds")
+    run.add_argument("--output", default="grouped", help="grouped (default), all, rank0")
+    run.add_argument("--quiet", action="store_true", help="show only errors")
+    run.add_argument("--verbose", action="store_true", help="also show library output (engines' logs)")
+    run.add_argument("--no-monitor", action="store_true", help="no live memory chart under this run")
+    run.add_argument("script", help="the script, relative to the notebook's directory")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments, passed on verbatim")
     return p
 
 
@@ -90,6 +102,11 @@ class MpnbMagics(Magics):
         %mpnb config [key=value ...]
         %mpnb pull NAME [--rank R]
         %mpnb push NAME
+        %mpnb run [--keep] [--timeout S] [--output MODE] [--quiet|--verbose] [--no-monitor] SCRIPT [ARGS...]
+
+        `%mpnb run` runs a torchrun-style script on every rank, as `torchrun --nproc_per_node N` would;
+        everything after the script's path is its arguments. `--keep` merges the script's globals into
+        the engines' namespace afterwards, like IPython's `%run`.
         """
         try:
             words = shlex.split(line)
@@ -188,6 +205,20 @@ class MpnbMagics(Magics):
                 f"Could not push {args.name!r} to the ranks: {_remote_message(exc)}. "
                 "Only values that can be pickled can be pushed."
             ) from None
+
+    def _cmd_run(self, args: argparse.Namespace) -> None:
+        from mpnb.execution.script import run
+
+        run(
+            args.script,
+            args.args,
+            keep=args.keep,
+            timeout=args.timeout,
+            output=args.output,
+            quiet=args.quiet,
+            verbose=args.verbose,
+            monitor=not args.no_monitor,
+        )
 
     # ------------------------------------------------------------------ %%distributed
     @magic_arguments()

@@ -65,9 +65,11 @@ class CellRun:
         options: CellOptions,
         execution_count: int | None = None,
         magic_line: str = "",
+        label: str | None = None,
     ):
         options.validate(session.world_size)
         self.magic_line = magic_line
+        self.label = label  # what the sidebar names the run by (`%mpnb run`: the script's file name)
         self.session = session
         self.code = code
         self.options = options
@@ -275,7 +277,10 @@ class CellRun:
 
     def publish_state(self, final: bool = False) -> None:
         overall = overall_state(self.status.values(), timed_out=self.supervisor.timed_out, final=final)
-        cell = {"id": self.id, "status": overall, "ranks": {str(r): s for r, s in self.status.items()}}
+        ranks = {str(r): s for r, s in self.status.items()}
+        cell: dict[str, Any] = {"id": self.id, "status": overall, "ranks": ranks}
+        if self.label is not None:
+            cell["label"] = self.label
         if cell != self.session.cell:
             self.session.set_cell_state(cell)
 
@@ -286,10 +291,13 @@ def run_cell(
     options: CellOptions | None = None,
     execution_count: int | None = None,
     magic_line: str = "",
+    label: str | None = None,
 ) -> DistributedResult | None:
-    """Run `code` on the chosen ranks, streaming output; raise `CellFailedError` if any rank raised."""
+    """Run `code` on the chosen ranks, streaming output; raise `CellFailedError` if any rank raised.
+
+    `label` (e.g. a script's file name) goes into the published cell state for the sidebar."""
     recovery.check_ready(session)  # after a crash or release: say whether to heal or restart, before sending
-    run = CellRun(session, code, options or CellOptions(), execution_count, magic_line)
+    run = CellRun(session, code, options or CellOptions(), execution_count, magic_line, label)
     chart = _memory_chart(session) if run.options.monitor and not run.options.quiet else None
     try:
         run.submit()

@@ -29,7 +29,7 @@ def test_unknown_name_is_an_attribute_error() -> None:
 def test_kernel_side_import_does_not_import_torch() -> None:
     code = (
         "import sys, mpnb\n"
-        "mpnb.Config; mpnb.estimate; mpnb.start; mpnb.config_panel; mpnb.memory_plot\n"
+        "mpnb.Config; mpnb.estimate; mpnb.start; mpnb.config_panel; mpnb.memory_plot; mpnb.run\n"
         "import mpnb.magics\n"
         "print('torch' in sys.modules)\n"
     )
