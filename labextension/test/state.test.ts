@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 
 import { INITIAL_STATE, reduce } from '../src/dashboard/state';
-import { activity, busyRanks, shortStrategy, statusText } from '../src/dashboard/summary';
+import { activity, busyRanks, lastRun, shortStrategy, statusText } from '../src/dashboard/summary';
 
 const stateMessage = {
   type: 'state' as const,
@@ -97,5 +97,59 @@ describe('status text', () => {
     expect(activity(b)).toBe('running');
     expect(shortStrategy('FSDP · bf16')).toBe('FSDP');
     expect(shortStrategy('')).toBe('');
+  });
+});
+
+describe('a script run with %mpnb run', () => {
+  const script = (status: string, ranks: Record<string, string>, label: unknown = 'train.py') =>
+    reduce(reduce(INITIAL_STATE, stateMessage), {
+      ...stateMessage,
+      cell: { id: 'c2', notebook_cell_id: 'nb', status, ranks, label }
+    });
+
+  it('names the script with its state in the status bar, where a cell says running/idle', () => {
+    const running = script('running', { '0': 'running', '1': 'running' });
+    expect(running.cell?.label).toBe('train.py');
+    expect(statusText(running)).toBe('mpnb · 2 ranks · ZeRO-2 · train.py running');
+    expect(busyRanks(running)).toEqual([0, 1]);
+    expect(statusText(script('done', { '0': 'done', '1': 'done' }))).toBe('mpnb · 2 ranks · ZeRO-2 · train.py done');
+    expect(activity(script('failed', { '0': 'failed', '1': 'stopped' }))).toBe('train.py failed');
+    expect(activity(script('stopped', { '0': 'stopped', '1': 'stopped' }))).toBe('train.py stopped');
+    // A finished cell without a label reads as before.
+    const cell = script('done', { '0': 'done', '1': 'done' }, null);
+    expect(cell.cell?.label).toBeNull();
+    expect(statusText(cell)).toBe('mpnb · 2 ranks · ZeRO-2 · idle');
+  });
+
+  it('lets dead ranks and busy ranks speak first', () => {
+    const s = script('done', { '0': 'done', '1': 'done' });
+    const busy = reduce(s, { type: 'samples', samples: [{ rank: 1, t: 1, used: 1, busy: true }] });
+    expect(activity(busy)).toBe('running');
+    const down = reduce(INITIAL_STATE, {
+      ...stateMessage,
+      cluster: { ...stateMessage.cluster, ranks: [{ rank: 0, alive: false }, { rank: 1 }] },
+      cell: { id: 'c2', status: 'failed', ranks: { '0': 'failed', '1': 'failed' }, label: 'train.py' }
+    });
+    expect(activity(down)).toBe('1 rank down');
+  });
+
+  it('gives the sidebar row a heading, the file name and a hover text; cells keep theirs', () => {
+    const s = script('running', { '1': 'done', '0': 'running' });
+    expect(lastRun(s.cell!)).toEqual({
+      heading: 'Last script',
+      label: 'train.py',
+      title: 'train.py on ranks 0, 1: running'
+    });
+    const cell = script('failed', { '0': 'failed' }, null);
+    expect(lastRun(cell.cell!)).toEqual({ heading: 'Last distributed cell', label: null, title: 'cell on rank 0: failed' });
+  });
+
+  it('ignores a label that is not a name and cuts a long one', () => {
+    expect(script('running', { '0': 'running' }, 42).cell?.label).toBeNull();
+    expect(script('running', { '0': 'running' }, '  \n ').cell?.label).toBeNull();
+    expect(script('running', { '0': 'running' }, 'my\ntrain.py').cell?.label).toBe('my train.py');
+    const long = script('running', { '0': 'running' }, 'x'.repeat(200)).cell?.label ?? '';
+    expect(long).toHaveLength(60);
+    expect(long.endsWith('…')).toBe(true);
   });
 });

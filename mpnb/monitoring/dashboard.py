@@ -169,27 +169,47 @@ class Dashboard:
         return cached
 
     def _cell(self, sess: Any) -> dict[str, Any] | None:
+        """The session's cell state as published (id, status, ranks, and `label` for a `%mpnb run`
+        script: its file name), plus the Jupyter id of the notebook cell that ran it when known."""
         cell = getattr(sess, "cell", None)
         if not cell:
             return None
         out = dict(cell)
         out["ranks"] = dict(cell.get("ranks", {}))
-        exec_id = str(cell.get("id"))
+        if not isinstance(out.get("label"), str) or not out["label"]:
+            out.pop("label", None)
         with self._lock:
-            if exec_id not in self._notebook_cell_ids and self._last_notebook_cell:
-                self._notebook_cell_ids[exec_id] = self._last_notebook_cell
-            notebook_cell = self._notebook_cell_ids.get(exec_id)
+            notebook_cell = self._notebook_cell_ids.get(str(cell.get("id")))
         if notebook_cell:
             out["notebook_cell_id"] = notebook_cell
         return out
 
+    def _tag_cell(self, sess: Any) -> None:
+        """On a cell state change: tie a new execution to the notebook cell running now.
+
+        Only here, on the kernel thread while that cell runs, is the running cell the one that
+        published it; a state first read later (a frontend connecting) stays untagged.
+        """
+        cell = getattr(sess, "cell", None)
+        if not cell:
+            return
+        exec_id = str(cell.get("id"))
+        with self._lock:
+            if exec_id not in self._notebook_cell_ids and self._last_notebook_cell:
+                self._notebook_cell_ids[exec_id] = self._last_notebook_cell
+
     def pre_run_cell(self, info: Any) -> None:
-        """Remember the Jupyter cell id of `%%distributed` cells so the frontend can mark that cell."""
-        source = getattr(info, "raw_cell", "") or ""
+        """Remember the Jupyter id of the cell the kernel runs now, so the frontend can mark that cell.
+
+        Any cell, not only `%%distributed` ones: `%mpnb run script.py` and `mpnb.run(...)` run a
+        script from a plain cell. A cell without an id forgets the previous one (whose badge it
+        would take). Cells of a subshell (another thread) run beside the kernel's cell: ignored.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
         cell_id = getattr(info, "cell_id", None)
-        if cell_id and source.lstrip("\n").startswith("%%distributed"):
-            with self._lock:
-                self._last_notebook_cell = str(cell_id)
+        with self._lock:
+            self._last_notebook_cell = str(cell_id) if cell_id else None
 
     # ------------------------------------------------------------------ session and samples
 
@@ -202,6 +222,8 @@ class Dashboard:
         if event in ("start", "restart"):
             with self._lock:
                 self._notebook_cell_ids.clear()
+        elif event == "cell":
+            self._tag_cell(sess)
         self._broadcast(self.state())
 
     def _follow(self, sess: Any) -> None:

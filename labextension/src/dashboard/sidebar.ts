@@ -1,6 +1,6 @@
 /**
  * The "Distributed" sidebar: the current notebook's cluster (ranks, strategy,
- * last distributed cell) and its live per-rank memory chart.
+ * last distributed cell or `%mpnb run` script) and its live per-rank memory chart.
  */
 import type { CommandRegistry } from '@lumino/commands';
 import { Widget } from '@lumino/widgets';
@@ -12,7 +12,7 @@ import { el, note, rankChips, wholeItems } from './dom';
 import { mpnbIcon } from './icons';
 import { ConnectionRegistry } from './registry';
 import { IDashboardState } from './state';
-import { activity } from './summary';
+import { activity, lastRun } from './summary';
 
 export const SIDEBAR_ID = 'mpnb-distributed-sidebar';
 
@@ -100,7 +100,12 @@ export class DistributedSidebar extends Widget {
 
     const summary = el('div', 'mpnb-sidebar-summary');
     summary.append(
-      el('span', 'mpnb-sidebar-activity', `${cluster.world_size} ranks · ${cluster.backend} · ${activity(state)}`)
+      // "sleep.py running" stays on one line: the line wraps between items only.
+      el(
+        'span',
+        'mpnb-sidebar-activity',
+        wholeItems(`${cluster.world_size} ranks · ${cluster.backend} · ${activity(state)}`)
+      )
     );
     out.push(summary);
     const strategy = el('div', 'mpnb-strategy');
@@ -132,11 +137,19 @@ export class DistributedSidebar extends Widget {
     }
     out.push(table);
 
-    out.push(el('h3', 'mpnb-sidebar-section', 'Last distributed cell'));
     if (!state.cell) {
+      out.push(el('h3', 'mpnb-sidebar-section', 'Last distributed cell'));
       out.push(note('No distributed cell has run yet.'));
     } else {
+      // A script (`%mpnb run train.py`) shows like a cell, led by its file name.
+      const run = lastRun(state.cell);
+      out.push(el('h3', 'mpnb-sidebar-section', run.heading));
       const cellNode = el('div', `mpnb-last-cell mpnb-status-${state.cell.status}`);
+      cellNode.title = run.title;
+      if (run.label) {
+        cellNode.classList.add('mpnb-last-script');
+        cellNode.append(el('span', 'mpnb-last-cell-label', run.label));
+      }
       cellNode.append(el('span', 'mpnb-last-cell-status', state.cell.status));
       cellNode.append(rankChips(state.cell.ranks));
       out.push(cellNode);

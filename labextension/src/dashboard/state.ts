@@ -28,6 +28,8 @@ export interface ICellState {
   notebookCellId: string | null;
   status: RankCellStatus;
   ranks: Record<string, RankCellStatus>;
+  /** What ran, when it was not a cell: a script's file name ("train.py") for `%mpnb run`; else null. */
+  label: string | null;
 }
 
 /**
@@ -156,7 +158,27 @@ function parseCell(value: unknown): ICellState | null {
     }
   }
   const str = (x: unknown): string | null => (x === null || x === undefined ? null : String(x));
-  return { id: str(v.id), notebookCellId: str(v.notebook_cell_id), status: v.status, ranks };
+  return {
+    id: str(v.id),
+    notebookCellId: str(v.notebook_cell_id),
+    status: v.status,
+    ranks,
+    label: parseLabel(v.label)
+  };
+}
+
+// A file name fits; anything longer is cut so the status bar keeps its other items in view.
+const MAX_LABEL = 60;
+
+function parseLabel(value: unknown): string | null {
+  if (typeof value !== 'string') {
+    return null;
+  }
+  const label = value.replace(/\s+/g, ' ').trim();
+  if (!label) {
+    return null;
+  }
+  return label.length > MAX_LABEL ? `${label.slice(0, MAX_LABEL - 1)}…` : label;
 }
 
 function parseEstimate(value: unknown): Record<string, number> {

@@ -1,5 +1,5 @@
 /** What the status bar and the sidebar say about a dashboard state: pure, unit-tested. */
-import { IDashboardState } from './state';
+import { ICellState, IDashboardState } from './state';
 
 /** "ZeRO-2 · fp32 · mb 8" -> "ZeRO-2": the part the status bar has room for. */
 export function shortStrategy(line: string): string {
@@ -19,7 +19,11 @@ export function busyRanks(state: IDashboardState): number[] {
   return (state.cluster?.ranks ?? []).filter(r => r.busy).map(r => r.rank);
 }
 
-/** One word for what the cluster is doing. */
+/**
+ * A few words for what the cluster is doing: "idle", "running", "1 rank down". After
+ * `%mpnb run train.py` the script is named with its state ("train.py running", "train.py done",
+ * "train.py failed", "train.py stopped") until the next distributed cell replaces it.
+ */
 export function activity(state: IDashboardState): string {
   const cluster = state.cluster;
   if (!cluster) {
@@ -29,10 +33,35 @@ export function activity(state: IDashboardState): string {
   if (dead > 0) {
     return `${dead} rank${dead === 1 ? '' : 's'} down`;
   }
-  if (state.cell?.status === 'running' || cluster.ranks.some(r => r.busy)) {
+  const script = state.cell?.label ?? null;
+  if (state.cell?.status === 'running') {
+    return script ? `${script} running` : 'running';
+  }
+  if (cluster.ranks.some(r => r.busy)) {
     return 'running';
   }
-  return 'idle';
+  return script && state.cell ? `${script} ${state.cell.status}` : 'idle';
+}
+
+/** What the sidebar's last-run section shows: a script by its file name, a `%%distributed` cell by its state. */
+export interface ILastRun {
+  heading: string;
+  /** The script's file name, or null for a cell (whose row shows its state alone). */
+  label: string | null;
+  /** Hover text: "train.py on ranks 0, 1: running". */
+  title: string;
+}
+
+export function lastRun(cell: ICellState): ILastRun {
+  const ranks = Object.keys(cell.ranks)
+    .map(Number)
+    .sort((a, b) => a - b);
+  const on = ranks.length ? ` on rank${ranks.length === 1 ? '' : 's'} ${ranks.join(', ')}` : '';
+  return {
+    heading: cell.label ? 'Last script' : 'Last distributed cell',
+    label: cell.label,
+    title: `${cell.label ?? 'cell'}${on}: ${cell.status}`
+  };
 }
 
 /**

@@ -1,6 +1,6 @@
 /**
  * Marks `%%distributed` cells (class on the cell, the magic line highlighted by
- * highlight.ts) and shows which ranks of the running one are still busy.
+ * highlight.ts) and shows which ranks of the running one (or of a `%mpnb run` script) are still busy.
  */
 import { Cell } from '@jupyterlab/cells';
 import { NotebookActions, NotebookPanel } from '@jupyterlab/notebook';
@@ -73,11 +73,13 @@ export class DistributedCellMarker implements IDisposable {
     for (const cell of this._panel.content.widgets) {
       const distributed = cell.model.type === 'code' && isDistributedSource(cell.model.sharedModel.getSource());
       cell.toggleClass(DISTRIBUTED_CELL_CLASS, distributed);
-      if (distributed && cellState?.notebookCellId && cell.model.id === cellState.notebookCellId) {
+      // A script's state (`%mpnb run`, labelled) belongs to the plain cell that ran it.
+      const runsIt = distributed || (!!cellState?.label && cell.model.type === 'code');
+      if (runsIt && cellState?.notebookCellId && cell.model.id === cellState.notebookCellId) {
         target = cell;
       }
     }
-    if (!target && cellState && this._lastCell && !this._lastCell.isDisposed) {
+    if (!target && cellState && !cellState.label && this._lastCell && !this._lastCell.isDisposed) {
       target = this._lastCell;
     }
     for (const cell of this._panel.content.widgets) {
