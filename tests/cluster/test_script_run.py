@@ -150,6 +150,34 @@ def test_the_scripts_own_process_group_then_mpnbs_again(ip, notebook_dir):
     group_works(ip)
 
 
+def test_a_ddp_model_freed_after_destroy_process_group_does_not_deadlock(ip, notebook_dir):
+    """main() returning frees DDP, which joins gloo's threads with the GIL held while one still wants it
+    (pytorch/pytorch#56297). Unfixed, 2 runs in 6 hung a rank here; each run below is bounded."""
+    write(
+        notebook_dir,
+        "ddp_end.py",
+        """
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        def main():
+            dist.init_process_group("gloo")
+            model = DDP(torch.nn.Linear(4, 1))
+            model(torch.randn(2, 4)).sum().backward()
+            out = [torch.zeros(1) for _ in range(2)]
+            dist.all_gather(out, torch.ones(1))
+            dist.destroy_process_group()
+
+        main()
+        """,
+    )
+    for _ in range(6):
+        res, out = run(ip, "%mpnb run --timeout 20 ddp_end.py")
+        assert res.success, out
+    group_works(ip)
+
+
 def test_one_off_cost_of_a_run(ip, notebook_dir):
     write(notebook_dir, "empty.py", "pass\n")
     run(ip, "%mpnb run --no-monitor empty.py")  # warm
