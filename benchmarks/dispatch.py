@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from torchrun_launch import torchrun
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -101,28 +101,12 @@ def bench_mpnb_start(ip) -> float:
 
 
 def bench_torchrun() -> float:
-    import signal
-    import socket
-
-    with socket.socket() as sock:  # torchrun's static rendezvous needs a real port
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "ready.py"
         script.write_text(TORCHRUN_SCRIPT)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-        cmd += ["--master_addr", "127.0.0.1", "--master_port", str(port), str(script)]
-        t0 = time.time()
-        # its own process group, so a timeout kills the workers too, not just the launcher
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            out, _ = proc.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise
-        ready = float(next(line.split()[1] for line in out.splitlines() if line.startswith("READY")))
-        return ready - t0
+        launch = torchrun(script)
+        ready = float(next(line.split()[1] for line in launch.out.splitlines() if line.startswith("READY")))
+        return ready - launch.started
 
 
 def main() -> None:

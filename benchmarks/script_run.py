@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from torchrun_launch import torchrun
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -72,31 +70,12 @@ dist.destroy_process_group()
 '''
 
 
-def free_port() -> int:
-    with socket.socket() as sock:  # torchrun's static rendezvous needs a real port
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def run_torchrun(script: Path, report: Path, steps: int) -> tuple[float, float]:
     """(wall, loop) seconds of one torchrun launch of `script`."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    cmd += ["--master_addr", "127.0.0.1", "--master_port", str(free_port())]
-    cmd += [str(script), "--steps", str(steps), "--report", str(report)]
-    t0 = time.perf_counter()
-    # its own process group, so a timeout kills the workers too, not just the launcher
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise
-    wall = time.perf_counter() - t0
-    if proc.returncode:
-        raise RuntimeError(f"torchrun failed ({proc.returncode}):\n{out}")
-    return wall, float(report.read_text())
+    launch = torchrun(script, ["--steps", str(steps), "--report", str(report)], stderr_too=True)
+    if launch.returncode:
+        raise RuntimeError(f"torchrun failed ({launch.returncode}):\n{launch.out}")
+    return launch.wall, float(report.read_text())
 
 
 def run_empty(script: Path) -> float:
