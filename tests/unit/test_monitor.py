@@ -249,9 +249,8 @@ def test_a_curve_channel_admits_only_allowed_keys():
         assert wait_for(lambda: len(store.samples()) >= 10, 5)
         sampler.stop()
         assert wait_for(lambda: all(s.sent + s.errors >= 5 for s in (intruder, plain)), 10)  # they tried
-        received = channel.received
-        time.sleep(0.5)
-        assert channel.received == received  # nothing from the others arrived,
+        time.sleep(0.5)  # a sample the allowed sampler sent just before its stop may still be on its way
+        assert channel.received <= sampler.sent  # every sample let in came from it: none from the others,
         assert channel.dropped == 0  # not even as far as the signature check
     finally:
         for s in (sampler, intruder, plain):
