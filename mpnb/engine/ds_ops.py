@@ -15,7 +15,6 @@ log (`mpnb.engine.quiet`), and the ZeRO prepare waits for it (`wait`) before tou
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import importlib.util
 import os
@@ -26,7 +25,7 @@ import time
 from typing import Any
 
 from mpnb.cluster import logs
-from mpnb.engine import quiet
+from mpnb.engine import cell_raise, quiet
 
 # The only JIT op DeepSpeed loads for mpnb's CPU ZeRO runs: deepspeed.comm's shared-memory
 # all-reduce (`build_shm_op`, when the CPU accelerator's probe says it can be built).
@@ -160,20 +159,7 @@ def _wait_before_cell(info: Any = None) -> None:
     except KeyboardInterrupt:
         # IPython swallows what a pre_run_cell hook raises and would run the cell anyway: the
         # stop button's interrupt is raised by the cell itself instead
-        from IPython import get_ipython
-
-        get_ipython().ast_transformers.append(_RaiseInterrupt())
-
-
-class _RaiseInterrupt(ast.NodeTransformer):
-    """One-shot AST transformer: the next cell is `raise KeyboardInterrupt`."""
-
-    def visit_Module(self, node: ast.Module) -> ast.Module:
-        from IPython import get_ipython
-
-        get_ipython().ast_transformers.remove(self)
-        body = ast.parse("raise KeyboardInterrupt").body
-        return ast.fix_missing_locations(ast.Module(body=body, type_ignores=[]))
+        cell_raise.raise_in_next_cell(KeyboardInterrupt())
 
 
 def wait() -> None:

@@ -21,7 +21,6 @@ Imports no torch at module level (the kernel imports `mpnb.engine.control`, whic
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import functools
 import inspect
@@ -33,7 +32,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from mpnb.engine import rendezvous
+from mpnb.engine import cell_raise, rendezvous
 from mpnb.engine.group_request import (
     CAPABILITY,
     InitRequest,
@@ -64,7 +63,6 @@ _script_formed = False  # the parked script called init_process_group (an early 
 _cell = 0  # %%distributed cells seen, for the once-per-cell note
 _collective = True  # the current %%distributed cell runs on every rank (control's CELL_MARK line)
 _noted_cell = -1
-_pending: BaseException | None = None  # raised into the next cell by _RaiseInCell
 
 
 def install(store: Any) -> None:
@@ -350,41 +348,11 @@ def before_cell(collective: bool) -> None:
         _end_group(broken=True)
         form_again()
     except KeyboardInterrupt as exc:
-        _raise_in_cell(exc)
+        cell_raise.raise_in_next_cell(exc)
     except Exception as exc:
         _end_group(broken=True)
         error = RankError(_heal_advice(exc))
         error.__cause__ = exc
-        _raise_in_cell(error)
+        cell_raise.raise_in_next_cell(error)
     else:
         print(REFORMED_NOTE, flush=True)
-
-
-def _raise_in_cell(exc: BaseException) -> None:
-    global _pending
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    if shell is None:
-        raise exc
-    _pending = exc
-    shell.ast_transformers.append(_RaiseInCell())
-
-
-def raise_pending() -> None:
-    global _pending
-    __tracebackhide__ = True  # the user's traceback: the cause and the error, not this frame
-    exc, _pending = _pending, None
-    if exc is not None:
-        raise exc
-
-
-class _RaiseInCell(ast.NodeTransformer):
-    """One-shot AST transformer: the next cell raises what the hook could not (`raise_pending`)."""
-
-    def visit_Module(self, node: ast.Module) -> ast.Module:
-        from IPython import get_ipython
-
-        get_ipython().ast_transformers.remove(self)
-        body = ast.parse("__import__('mpnb.engine.own_group', fromlist=['_']).raise_pending()").body
-        return ast.fix_missing_locations(ast.Module(body=body, type_ignores=[]))
