@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from mpnb.engine.bootstrap import free_port
 
 
 @dataclass
@@ -19,12 +20,6 @@ class Launch:
     started: float  # time.time() just before the launch, to compare with times the script prints
     wall: float  # seconds from launch to exit
     returncode: int
-
-
-def free_port() -> int:
-    with socket.socket() as sock:  # torchrun's static rendezvous needs a real port
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def torchrun(

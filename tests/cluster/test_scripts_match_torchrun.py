@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 from IPython.utils.capture import capture_output
 
+from mpnb.engine.bootstrap import free_port
 from mpnb.execution.output import strip_ansi
 
 pytestmark = pytest.mark.timeout(300)
@@ -56,12 +56,6 @@ MPNB_LINE = re.compile(r"^\[rank (\d+)\] ?(.*)$")  # `--output all`: every line 
 
 def own_lines(lines: list[str]) -> list[str]:
     return [line for line in lines if line.strip() and not any(p.match(line) for p in NOT_THE_SCRIPTS)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun_env() -> dict[str, str]:
