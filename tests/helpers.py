@@ -25,6 +25,12 @@ def run(ip, source: str):
     return result, strip_ansi(cap.stdout)
 
 
+def both(out: str, text: str) -> bool:
+    """Both ranks printed `text`: as one merged "[ranks 0,1]" line, or one line each when they arrived
+    too far apart to merge (live output merges lines that come in together)."""
+    return f"[ranks 0,1] {text}" in out or (f"[rank 0] {text}" in out and f"[rank 1] {text}" in out)
+
+
 def expect_error(ip, line: str, error: type[MpnbError], *phrases: str) -> str:
     """Run `line`, assert it failed with `error` as one short message naming every phrase; return the text."""
     res, out = run(ip, line)
