@@ -5,7 +5,11 @@ What goes to the log (`mpnb.cluster.logs`, one file per engine) instead of the c
   compilers and linkers its op probe starts (fd 1/2), its prints, its log records, its warnings;
 - DeprecationWarning and FutureWarning from anywhere (DeepSpeed calls renamed torch.distributed
   functions on every step), and the DeepSpeed logger's records below ERROR;
-- whatever a thread inside `quiet_thread()` warns or logs (the background DeepSpeed warm-up).
+- whatever a thread inside `quiet_thread()` warns or logs (the background DeepSpeed warm-up);
+- transformers' logging below ERROR (its verbosity is set to "error" through TRANSFORMERS_VERBOSITY,
+  which it reads when imported: GPT-2's "`loss_type=None` was set in the config" and advice lines)
+  and the warnings its own code raises; a user who set TRANSFORMERS_VERBOSITY keeps theirs;
+- warnings about code mpnb runs rather than the user's (`QUIET_MESSAGES`);
 `%%distributed --verbose` (the kernel appends VERBOSE_MARK to the cell's first line) or
 MPNB_VERBOSE=1 in the engines' environment shows it all in the cell again.
 """
@@ -16,6 +20,7 @@ import contextlib
 import io
 import logging
 import os
+import sys
 import threading
 import warnings
 from collections.abc import Iterator
@@ -27,12 +32,19 @@ from mpnb.engine.control import CELL_MARK
 VERBOSE_MARK = "  # verbose"  # appended to a `%%distributed --verbose` cell's first line
 VERBOSE_ENV = "MPNB_VERBOSE"
 LOGGERS = ("DeepSpeed",)  # libraries' loggers whose records below ERROR go to the log
+# libraries whose warnings (any category) go to the log: matched in the warning's file name
+QUIET_LIBRARIES = (f"{os.sep}transformers{os.sep}",)
+# warnings about code mpnb runs, not the user's: FSDP2 around a transformers model returns its output's
+# views (TP x DP); the trainer never changes them in place, so the warning has nothing to act on
+QUIET_MESSAGES = ("returned a view tensor",)
+TRANSFORMERS_VERBOSITY = "TRANSFORMERS_VERBOSITY"
 
 _cell_verbose = False
 _local = threading.local()  # .depth: quiet_thread() nesting in this thread
 _fd_lock = threading.Lock()
 _fd_depth = 0
 _saved_fds: list[int] = []
+_own_transformers_verbosity = False  # mpnb set TRANSFORMERS_VERBOSITY (the user had not)
 
 
 def verbose() -> bool:
@@ -120,14 +132,19 @@ def install_warnings() -> None:
     logged: set[tuple[str, type, str, int]] = set()
 
     def showwarning(message: Any, category: type, filename: str, lineno: int, *rest: Any) -> None:
-        deprecation = issubclass(category, (DeprecationWarning, FutureWarning))
+        # chatter: deprecations from anywhere, and any warning a quiet library's own code raises
+        chatter = (
+            issubclass(category, (DeprecationWarning, FutureWarning))
+            or any(lib in str(filename) for lib in QUIET_LIBRARIES)
+            or any(text in str(message) for text in QUIET_MESSAGES)
+        )
         key = (str(message), category, filename, lineno)
-        if _quiet_here() or (deprecation and not verbose()):
-            if not (deprecation and key in logged):
+        if _quiet_here() or (chatter and not verbose()):
+            if not (chatter and key in logged):
                 logged.add(key)
                 logs.write(warnings.formatwarning(message, category, filename, lineno))  # type: ignore[arg-type]
             return
-        if deprecation:
+        if chatter:
             if key in shown:
                 return
             shown.add(key)
@@ -153,7 +170,11 @@ class _ToLog(logging.Filter):
 
 def install() -> None:
     """On every engine (bootstrap.setup): warnings, library loggers, and --verbose cells."""
+    global _own_transformers_verbosity
     install_warnings()
+    if TRANSFORMERS_VERBOSITY not in os.environ:
+        _own_transformers_verbosity = True
+        _transformers_verbosity()
     for name in LOGGERS:
         logger = logging.getLogger(name)  # DeepSpeed later adds its handler to this same logger
         if not any(getattr(f, "mpnb_quiet", False) for f in logger.filters):
@@ -171,3 +192,13 @@ def _pre_run_cell(info: Any) -> None:
     global _cell_verbose
     first = (getattr(info, "raw_cell", "") or "").split("\n", 1)[0]
     _cell_verbose = first.startswith(CELL_MARK) and VERBOSE_MARK in first
+    if _own_transformers_verbosity:
+        _transformers_verbosity()
+
+
+def _transformers_verbosity() -> None:
+    """transformers logs warnings in --verbose cells only (read at its import, set on its logger after)."""
+    level = "warning" if verbose() else "error"
+    os.environ[TRANSFORMERS_VERBOSITY] = level
+    if "transformers" in sys.modules:  # already imported: its root logger took the level then
+        logging.getLogger("transformers").setLevel(logging.WARNING if verbose() else logging.ERROR)

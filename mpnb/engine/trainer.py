@@ -11,6 +11,10 @@ the same slice. So the loss of a run depends on the global batch only, and
 matches a single-process run on the same batches. If a DataLoader already
 yields per-rank batches, pass `step(batch, sharded=True)`.
 
+A batch is an (inputs, targets) pair or, as transformers users have it, a
+dict of tensors with "labels" that the model computes its own loss from
+(`mpnb.engine.batches`); every tensor's rows are split the same way.
+
 Loss: `step` returns the global mean loss (mean over the data-parallel ranks
 of each rank's mean loss; slices are equal, so this is the mean over the
 global batch), the same float on every rank.
@@ -19,7 +23,7 @@ global batch), the same float on every rank.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -27,23 +31,19 @@ import torch.distributed as dist
 from torch import nn
 
 from mpnb.engine.activations import ActivationTracker
+from mpnb.engine.batches import LABELS, LossFn, check_batch, cross_entropy, is_dict_batch, model_loss
 from mpnb.engine.param_counts import ParameterCounts, count_parameters, held_as
 from mpnb.errors import MpnbError
 from mpnb.planning.config import Config
 from mpnb.planning.parallel_dims import ParallelDims
 
-Batch = tuple[Any, Any]
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# an (inputs, targets) pair, or a mapping of tensors with "labels" (transformers style): see batches.py
+Batch = tuple[Any, Any] | Mapping[str, Any]
 
 
 def low_precision_dtype(precision: str) -> torch.dtype | None:
     """The 16-bit compute dtype of `Config.precision`; None for fp32."""
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-
-
-def cross_entropy(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Default loss: cross-entropy over the last dimension (logits of any rank)."""
-    return nn.functional.cross_entropy(output.float().reshape(-1, output.shape[-1]), targets.reshape(-1))
 
 
 def tensor_bytes(t: torch.Tensor | None) -> int:
@@ -101,17 +101,6 @@ def move(x: Any, device: torch.device, float_dtype: torch.dtype | None = None) -
     return x
 
 
-def call_model(model: nn.Module, inputs: Any) -> torch.Tensor:
-    """Inputs may be one tensor, a tuple of positional args or a dict of keyword args (HF style)."""
-    if isinstance(inputs, dict):
-        out = model(**inputs)
-    elif isinstance(inputs, (tuple, list)):
-        out = model(*inputs)
-    else:
-        out = model(inputs)
-    return out.logits if hasattr(out, "logits") else out
-
-
 class Trainer:
     """Forward, backward and optimizer step for one prepared model on this rank.
 
@@ -143,6 +132,7 @@ class Trainer:
         self.config = config
         self.dims = dims
         self.loss_fn: LossFn = loss_fn or cross_entropy
+        self.user_loss_fn = loss_fn  # None: a dict batch's model computes its own loss (outputs.loss)
         self.device = device or torch.device("cpu")
         self.dp_rank, self.dp_size, self.dp_group = dp_rank, dims.dp, dp_group
         self.steps = 0
@@ -159,10 +149,21 @@ class Trainer:
             return batch
         return split_rows(batch, self.dp_size, self.dp_rank)
 
-    def _prepare_batch(self, batch: Batch, sharded: bool) -> Batch:
-        if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-            raise MpnbError("A batch is a pair (inputs, targets); got " + type(batch).__name__ + ".")
-        return move(batch if sharded else self.shard(batch), self.device)
+    def _prepare_batch(self, batch: Batch, sharded: bool) -> tuple[Any, Any]:
+        """(inputs, targets) on this rank's device; a dict batch's inputs keep "labels" (= targets).
+
+        Checked before anything collective runs (`batches.check_batch`), so a bad batch
+        raises the same MpnbError on every rank.
+        """
+        batch = check_batch(batch, self.model, self.user_loss_fn)
+        local = move(batch if sharded else self.shard(batch), self.device)
+        if isinstance(local, dict):
+            return local, local[LABELS]
+        return local
+
+    def _loss(self, model: nn.Module, inputs: Any, targets: Any) -> torch.Tensor:
+        """The loss of one forward; `batches.model_loss` decides between the model's own and `loss_fn`."""
+        return model_loss(model, inputs, targets, self.user_loss_fn)
 
     # ---- the step --------------------------------------------------------------------------------
     def step(self, batch: Batch, *, sharded: bool = False) -> float:
@@ -184,6 +185,17 @@ class Trainer:
             self.model.train()
         return self._global_mean(local)
 
+    def generate(self, input_ids: torch.Tensor, **generate_kwargs: Any) -> torch.Tensor:
+        """`model.generate` of a causal LM after training: call it on every rank; CPU token ids on each.
+
+        Greedy unless `do_sample=True` (then every rank samples from `seed=`, default 0), so
+        sharded strategies run the same forwards everywhere (`mpnb.engine.generation`).
+        """
+        from mpnb.engine.generation import generate
+
+        with self._autocast():
+            return generate(self.model, self.strategy, self.device, input_ids, **generate_kwargs)
+
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
@@ -197,8 +209,10 @@ class Trainer:
         n = self.config.grad_accum_steps
         if n == 1:
             yield inputs, targets
-            return
-        yield from zip(split_rows(inputs, n), split_rows(targets, n), strict=True)
+        elif is_dict_batch(inputs):  # the labels travel inside each micro-batch's dict
+            yield from ((x, x[LABELS]) for x in split_rows(inputs, n))
+        else:
+            yield from zip(split_rows(inputs, n), split_rows(targets, n), strict=True)
 
     def _train_step(self, inputs: Any, targets: Any) -> torch.Tensor:
         assert self.optimizer is not None
@@ -207,7 +221,7 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         for i, (x, y) in enumerate(self._micro_batches(inputs, targets)):
             with self._no_sync(i == n - 1), self._autocast():
-                loss = self.loss_fn(call_model(self.model, x), y) / n
+                loss = self._loss(self.model, x, y) / n
             (self._scaler.scale(loss) if self._scaler else loss).backward()
             total += loss.detach().float()
         self._grad_bytes_at_backward = self._gradient_bytes()
@@ -220,7 +234,7 @@ class Trainer:
 
     def _eval_loss(self, inputs: Any, targets: Any) -> torch.Tensor:
         with self._autocast():
-            return self.loss_fn(call_model(self.model, inputs), targets).detach().float()
+            return self._loss(self.model, inputs, targets).detach().float()
 
     def _global_mean(self, local: torch.Tensor) -> float:
         if self.dp_size > 1:

@@ -39,7 +39,7 @@ LONG_CLASSES: dict[str, str] = {}
 LIMITS = SizeLimits(MAX_MODULE_LINES, MAX_CLASS_LINES, LONG_MODULES, LONG_CLASSES)
 
 # Engine-side code runs where torch is loaded anyway; everything else runs in the notebook kernel.
-ENGINE_SIDE = ("mpnb.engine", "mpnb.models")
+ENGINE_SIDE = ("mpnb.engine", "mpnb.models", "mpnb.hf_models")
 
 
 def is_engine_side(name: str) -> bool:

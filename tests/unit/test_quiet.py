@@ -95,6 +95,9 @@ def test_deprecations_go_to_the_log_unless_the_cell_is_verbose(monkeypatch):
         assert "old_api` is deprecated" in _log_text()
         warnings.warn("plain advice", UserWarning, stacklevel=1)  # not a deprecation: still shown
         assert shown == ["plain advice"]
+        warnings.warn("FSDP2-wrapped module (FSDPLlamaForCausalLM) returned a view tensor.", UserWarning,
+                      stacklevel=1)  # about mpnb's own wrapping of a transformers model: logged
+        assert shown == ["plain advice"] and "returned a view tensor" in _log_text()
         quiet._pre_run_cell(SimpleNamespace(raw_cell=f"{CELL_MARK}{quiet.VERBOSE_MARK}\nx = 1\n"))
         for _ in range(3):
             warnings.warn("`other_api` is deprecated", FutureWarning, stacklevel=1)

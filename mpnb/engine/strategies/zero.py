@@ -43,7 +43,6 @@ from mpnb.engine.strategies.common import EngineContext, apply_activation_checkp
 from mpnb.engine.trainer import (
     LossFn,
     Trainer,
-    call_model,
     low_precision_dtype,
     move,
     optimizer_state_bytes,
@@ -103,7 +102,7 @@ class ZeroTrainer(Trainer):
         total = torch.zeros((), device=self.device)
         self._grad_peak = 0
         for i, (x, y) in enumerate(self._micro_batches(inputs, targets)):
-            loss = self.loss_fn(call_model(engine, move(x, self.device, self._input_dtype)), y)
+            loss = self._loss(engine, move(x, self.device, self._input_dtype), y)  # engine(**x) for dicts
             if i == n - 1:  # sample gradients when autograd finishes, before DeepSpeed reduces them
                 loss.register_hook(self._queue_grad_sample)
             engine.backward(loss)  # DeepSpeed divides by the accumulation steps itself
@@ -114,8 +113,7 @@ class ZeroTrainer(Trainer):
         return total
 
     def _eval_loss(self, inputs: Any, targets: Any) -> torch.Tensor:
-        out = call_model(self.model, move(inputs, self.device, self._input_dtype))
-        return self.loss_fn(out, targets).detach().float()
+        return self._loss(self.model, move(inputs, self.device, self._input_dtype), targets).detach().float()
 
     def _queue_grad_sample(self, grad: torch.Tensor) -> None:
         torch.autograd.Variable._execution_engine.queue_callback(self._sample_full_grads)
