@@ -2,13 +2,16 @@
 
 Same check as test_strategies.py: 20 steps, same seed and global batch, losses
 equal to a single-process run to 1e-4 relative. One 4-engine CPU cluster for
-the module.
+the module. A transformers Llama (GQA) does the same compositions from its own
+plans (transformers' TP on the "tp" dim, stages from `base_model_pp_plan`) on dict
+batches: 5 AdamW steps, losses to 1e-4, memory per rank as `mpnb.estimate` says.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from . import hf_runs
 from .strategy_runs import assert_close, cluster_run, install, local_run
 
 STEPS = 20
@@ -33,6 +36,7 @@ def view():
     try:
         v = sess.view()
         install(v)
+        hf_runs.install(v)
         yield v
     finally:
         cluster_mod.stop()
@@ -61,3 +65,18 @@ def test_tensor_x_data_with_adamw_and_quarter_memory(view):
     for r in results:
         assert r["breakdown"]["parameters"] < 4 * psi / 2
         assert r["breakdown"]["optimizer"] == pytest.approx(2 * r["breakdown"]["parameters"], rel=0.01)
+
+
+HF_CASES = {
+    "llama-tensor-x-data": {"strategy": "tensor", "tensor_parallel": 2, "micro_batch_size": 4},
+    "llama-pipeline-x-data": {"strategy": "pipeline", "pipeline_stages": 2, "microbatches": 2,
+                              "micro_batch_size": 4},
+}
+
+
+@pytest.mark.parametrize("case", list(HF_CASES))
+def test_llama_composition_matches_single_process(view, case):
+    results = hf_runs.cluster_hf_run(view, HF_CASES[case], family="llama")
+    assert len({tuple(r["losses"]) for r in results}) == 1, "all 4 ranks report the same loss"
+    assert_close(results[0]["losses"], hf_runs.local_hf_run(family="llama")["losses"], rel=1e-4)
+    hf_runs.assert_estimate_agrees(results, 0.05)

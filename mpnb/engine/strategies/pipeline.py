@@ -22,6 +22,10 @@ FSDP2 over the "dp" dim of a 2-D (pp, dp) mesh, as torchtitan does (DDP around
 a stage gave wrong gradients with several microbatches in torch 2.13: its
 bucket rebuild sees each parameter once per microbatch). Memory per rank is
 then ~(P + G + K)·Ψ/(pp·dp).
+
+A transformers causal LM is cut where its `config.base_model_pp_plan` says
+(`hf_pipeline`), and trains on dict batches (input_ids into the first stage,
+the other keys to every stage, labels to the loss) with the model's own loss.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim import Optimizer
 
+from mpnb.engine.batches import cross_entropy
+from mpnb.engine.strategies import hf_pipeline
 from mpnb.engine.strategies.common import (
     EngineContext,
     apply_activation_checkpointing,
@@ -42,8 +48,9 @@ from mpnb.engine.strategies.common import (
     trainer_on_mesh,
 )
 from mpnb.engine.strategies.fsdp import apply_fsdp
-from mpnb.engine.trainer import LossFn, Trainer, cross_entropy, low_precision_dtype, to_cpu
+from mpnb.engine.trainer import LossFn, Trainer, low_precision_dtype, to_cpu
 from mpnb.errors import MpnbError
+from mpnb.planning import hf_plans
 from mpnb.planning.config import Config
 from mpnb.planning.model_shape import even_stage_starts, find_blocks
 from mpnb.planning.parallel_dims import ParallelDims
@@ -121,11 +128,14 @@ class PipelineTrainer(Trainer):
         schedule: Any,
         stage_index: int,
         pp_group: Any,
+        tied: hf_pipeline.TiedGradients | None = None,
+        stage_loss: hf_pipeline.StageLoss | None = None,
         **kw: Any,
     ) -> None:
         super().__init__(model, optimizer, config, dims, loss_fn, **kw)
         self.schedule = schedule
         self.stage_index, self.num_stages, self.pp_group = stage_index, dims.pp, pp_group
+        self.tied, self.stage_loss = tied, stage_loss
         self._scaler = None  # pipelining runs its own backward; fp16 loss scaling is not wired here
 
     @property
@@ -139,13 +149,17 @@ class PipelineTrainer(Trainer):
     def _run(self, inputs: Any, targets: Any, *, train: bool) -> torch.Tensor:
         losses: list[torch.Tensor] = []
         run = self.schedule.step if train else self.schedule.eval
+        args: tuple[Any, ...] = (inputs,) if self.is_first else ()
+        kwargs: dict[str, Any] = {}
+        if isinstance(inputs, dict):  # a dict batch: every stage gets the masks, the first the token ids
+            args, kwargs = hf_pipeline.schedule_inputs(inputs, self.is_first)
+        if self.stage_loss is not None:
+            self.stage_loss.own = isinstance(inputs, dict)
         with self._autocast():
-            if self.is_first:
-                run(inputs)
-            elif self.is_last:
-                run(target=targets, losses=losses)
+            if self.is_last:
+                run(*args, target=targets, losses=losses, **kwargs)
             else:
-                run()
+                run(*args, **kwargs)
         if not self.is_last:
             return torch.zeros((), device=self.device)
         return torch.stack([loss.detach().float() for loss in losses]).mean()
@@ -153,6 +167,8 @@ class PipelineTrainer(Trainer):
     def _train_step(self, inputs: Any, targets: Any) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
         local = self._run(inputs, targets, train=True)
+        if self.tied is not None:
+            self.tied.sync(self.model)
         self._grad_bytes_at_backward = self._gradient_bytes()
         self.optimizer.step()
         return local
@@ -233,10 +249,16 @@ def prepare(
             "and raise microbatches (or micro_batch_size) instead."
         )
     stage_index = dims.stage_of(ctx.rank)
-    names = parameter_names(model)
-    stage_module = split_model(
-        model, pp, stage_index, list(config.pipeline_split_points)
-    )  # before collectives
+    hf = hf_plans.is_transformers_model(model)
+    tied = hf and hf_pipeline.tied_head(model)
+    stage_loss = hf_pipeline.StageLoss(model, loss_fn) if hf else None
+    if hf:  # checked before any collective: a model without a plan, more stages than layers
+        stage_module = split_hf(model, pp, stage_index, list(config.pipeline_split_points))
+        # named after the cut: a tied weight is named for the module this stage keeps (embedding or head)
+        names = parameter_names(stage_module)
+    else:
+        names = parameter_names(model)
+        stage_module = split_model(model, pp, stage_index, list(config.pipeline_split_points))
     stage_module.to(ctx.device)
     if config.activation_checkpointing:
         apply_activation_checkpointing(stage_module)
@@ -246,9 +268,20 @@ def prepare(
         wrapped = apply_fsdp(stage_module, mesh["dp"], config)  # shards in place: the same module
     stage = PipelineStage(wrapped, stage_index, pp, ctx.device, group=mesh["pp"].get_group())
     schedule_cls = Schedule1F1B if config.pipeline_schedule == "1f1b" else ScheduleGPipe
-    schedule = schedule_cls(stage, n_microbatches=config.microbatches, loss_fn=loss_fn or cross_entropy)
+    schedule = schedule_cls(
+        stage, n_microbatches=config.microbatches, loss_fn=stage_loss or loss_fn or cross_entropy
+    )
     return trainer_on_mesh(
         PipelineTrainer, wrapped, optimizer, names, mesh, config, dims, ctx, loss_fn,
         autocast_dtype=low_precision_dtype(config.precision),
         schedule=schedule, stage_index=stage_index, pp_group=mesh["pp"].get_group(),
+        tied=hf_pipeline.TiedGradients(dims, ctx.rank, stage_index) if tied else None, stage_loss=stage_loss,
     )
+
+
+def split_hf(model: nn.Module, pp: int, stage: int, split_points: list[str]) -> nn.Module:
+    """This stage's part of a transformers causal LM, cut between the layers its pp plan names."""
+    blocks = hf_pipeline.block_names(model, pp)
+    starts = [*stage_boundaries(blocks, pp, split_points, type(model).__name__), len(blocks)]
+    keep = range(starts[stage], starts[stage + 1])
+    return hf_pipeline.split_hf_model(model, blocks, keep, first=stage == 0, last=stage == pp - 1)

@@ -7,6 +7,8 @@ one all-reduce in forward and one in backward, and each rank holds 1/tp of
 those weights. Everything else (embeddings, layer norms, the LM head) stays
 replicated. With more ranks than `tensor_parallel`, the remaining dimension is
 data parallel with FSDP2 on the same 2-D mesh (torchtitan's TP, then FSDP).
+A transformers model is split by transformers' own plan and code
+(`hf_tensor`), unless `config.tensor_plan` names layers itself.
 
 Memory: sharded weights count their DTensor local shard, replicated ones count
 fully; P = G = 4 bytes (fp32; bf16 uses autocast), K = 8 for AdamW.
@@ -28,8 +30,10 @@ from mpnb.engine.strategies.common import (
     trainer_on_mesh,
 )
 from mpnb.engine.strategies.fsdp import FSDPTrainer, apply_fsdp
+from mpnb.engine.strategies.hf_tensor import apply_hf_tensor_parallel
 from mpnb.engine.trainer import LossFn, Trainer, low_precision_dtype
 from mpnb.errors import MpnbError
+from mpnb.planning import hf_plans
 from mpnb.planning.config import Config
 from mpnb.planning.model_shape import default_tensor_plan
 from mpnb.planning.parallel_dims import TENSOR_STYLES, ParallelDims
@@ -110,6 +114,21 @@ def _has_colwise_child(module: nn.Module, plan: dict[str, str], root: nn.Module)
     return False
 
 
+def check_hf_model(model: nn.Module, tp: int) -> None:
+    """MpnbError (before any collective) when a transformers model has no plan or its heads don't divide."""
+    if hf_plans.tensor_plan(model) is None:
+        conv = any(type(m).__name__ == "Conv1D" for m in model.modules())
+        why = (" and keeps its weights in transformers' Conv1D layers, which tensor parallelism cannot split"
+               if conv else "")
+        own = "" if conv else ", or give config.tensor_plan naming its nn.Linear layers"
+        raise MpnbError(
+            f"{type(model).__name__} has no tensor-parallel plan (transformers' config.base_model_tp_plan)"
+            f"{why}. Use strategy=fsdp or zero to shard it instead (tensor parallel runs Llama-family models "
+            f"and BERT-style encoders){own}."
+        )
+    hf_plans.check_tensor_parallel(model, tp)
+
+
 def prepare(
     model: nn.Module,
     optimizer: Optimizer,
@@ -119,11 +138,18 @@ def prepare(
     loss_fn: LossFn | None,
 ) -> Trainer:
     # checked before any collective, so every rank fails the same way
-    plan = check_plan(model, dict(config.tensor_plan) or default_plan(model), dims.tp)
+    hf = not config.tensor_plan and hf_plans.is_transformers_model(model)
+    if hf:
+        check_hf_model(model, dims.tp)
+    else:
+        plan = check_plan(model, dict(config.tensor_plan) or default_plan(model), dims.tp)
     names = parameter_names(model)
     model.to(ctx.device)
     mesh = dims.build_mesh(ctx.device.type)
-    apply_tensor_parallel(model, mesh["tp"], plan)
+    if hf:
+        apply_hf_tensor_parallel(model, mesh["tp"])
+    else:
+        apply_tensor_parallel(model, mesh["tp"], plan)
     if config.activation_checkpointing:
         apply_activation_checkpointing(model)
     autocast_dtype = low_precision_dtype(config.precision)
