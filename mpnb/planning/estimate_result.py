@@ -18,7 +18,19 @@ class RankEstimate:
     optimizer: int
     activations: int
     buffers: int
-    offloaded: int = 0
+    offloaded: int = 0  # in CPU memory: the sum of `offloaded_parts`
+    # (parameters, gradients, optimizer) of `offloaded`: what each category keeps in CPU memory
+    offloaded_parts: tuple[int, int, int] = (0, 0, 0)
+
+    def held(self) -> dict[str, int]:
+        """Bytes of each model-state category the rank holds, on its device or offloaded to CPU.
+
+        This is what `trainer.memory_breakdown()` counts (it reads the rank's tensors
+        wherever they sit), while `parameters`/`gradients`/`optimizer` are device bytes only.
+        """
+        p, g, k = self.offloaded_parts
+        return {"parameters": self.parameters + p, "gradients": self.gradients + g,
+                "optimizer": self.optimizer + k}
 
     @property
     def model_states(self) -> int:
@@ -38,6 +50,8 @@ class Estimate:
     summary: str
     bytes_per_param: tuple[float, float, float]  # P, G, K as used
     notes: tuple[str, ...] = field(default=())
+    # how activations were estimated, e.g. "Llama-style decoder (...) per Korthikanti et al. 2022"; "" if not
+    activation_formula: str = ""
 
     @property
     def worst(self) -> RankEstimate:
@@ -98,6 +112,7 @@ class Estimate:
             "bytes_per_param": list(self.bytes_per_param),
             "per_rank": [{**asdict(r), "total": r.total} for r in self.ranks],
             "notes": list(self.notes),
+            "activation_formula": self.activation_formula,
         }
 
     def __repr__(self) -> str:

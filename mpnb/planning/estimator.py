@@ -30,13 +30,20 @@ Model parallelism splits the model before data parallelism divides it:
 pipeline stages hold their own blocks (stage 0 the embeddings, the last stage
 the head), sharded by FSDP2 over data-parallel ranks; tensor parallelism divides the
 matrices named by the plan (column: weight and bias; row: weight) by the degree,
-then FSDP2 shards the result over the data-parallel ranks.
+then FSDP2 shards the result over the data-parallel ranks. A transformers model
+brings its own plan (`hf_plans.tensor_plan`: embeddings and LM head split too);
+a tied embedding / head weight counts once, except on pipeline stages, where the
+first stage's embedding and the last stage's head each hold it.
 
 Offload (DeepSpeed ZeRO-Offload / ZeRO-Infinity, FSDP2 CPUOffloadPolicy) moves
 the optimizer state (and at ZeRO-2/3 the gradient partition), or at
-offload=parameters all model states, to CPU memory: counted in `offloaded`.
+offload=parameters all model states, to CPU memory: counted in `offloaded` (by
+category in `offloaded_parts`; `RankEstimate.held()` adds them back, as
+`memory_breakdown()` counts a rank's tensors wherever they sit).
 
-Activations follow Korthikanti et al. 2022 (`mpnb.planning.activations`); where the
+Activations follow Korthikanti et al. 2022 (`mpnb.planning.activations`), adapted to
+what a transformers config says (GQA, MLP width and kind, RMSNorm: `hf_shape`), and
+`Estimate.activation_formula` says which formula was used; where the
 parameters sit (embeddings, blocks, head, what the tensor plan splits) is a
 `mpnb.planning.layout.Layout`.
 
@@ -59,7 +66,13 @@ import numbers
 from typing import Any
 
 from mpnb.errors import ConfigError
-from mpnb.planning.activations import COMPUTE_BYTES, activation_bytes
+from mpnb.planning.activations import (
+    AUTOCAST_NOTE,
+    COMPUTE_BYTES,
+    activation_bytes,
+    describe_formula,
+    uses_autocast,
+)
 from mpnb.planning.config import Config
 from mpnb.planning.config_values import read_int, shown
 from mpnb.planning.estimate_result import Estimate, RankEstimate
@@ -81,6 +94,10 @@ MODEL_STATE_BYTES: dict[tuple[str, str], tuple[int, int, int]] = {
 }
 OPTIMIZER_STATE_BYTES: dict[str, int] = {"adamw": 8, "adam": 8, "sgd_momentum": 4, "sgd": 0}
 ACCOUNTINGS = ("implementation", "paper", "deepspeed")
+# shape keys where a transformers model departs from Korthikanti's GPT (`hf_shape.activation_shape`)
+SHAPE_EXTRAS = ("kv_heads", "intermediate", "mlp_values", "norm_values", "embed_values", "head_values",
+                "logits", "logits_fp32", "fp32_values", "head_fp32_values", "autocast_fp32_values",
+                "autocast_outside_fp32", "input_copies", "arch")
 DEFAULT_REDUCE_BUCKET = 500_000_000  # DeepSpeed's reduce_bucket_size default (elements)
 
 
@@ -165,18 +182,23 @@ def estimate(
         shape.update({k: v for k, v in given.items() if v is not None})
         if largest_layer_params:
             layout.largest_layer = largest_layer_params
-    layout.n_layer = shape.get("n_layer")
-    layout.hidden = shape.get("hidden")
-    layout.heads = shape.get("heads")
-    layout.seq_len = shape.get("seq_len")
-    layout.vocab = shape.get("vocab")
+    for key in ("n_layer", "hidden", "heads", "seq_len", "vocab"):
+        setattr(layout, key, shape.get(key))
+    for key in SHAPE_EXTRAS:  # a transformers model's departures from Korthikanti's GPT
+        if key in shape:
+            setattr(layout, key, shape[key])
     layout.dropout = dropout if dropout is not None else shape.get("dropout", True)
     layout.flash = flash_attention if flash_attention is not None else shape.get("flash", False)
 
     ppk = _bytes_per_param(cfg, optimizer, accounting, bytes_per_param)
     mb = micro_batch_size if micro_batch_size is not None else cfg.micro_batch_size
     notes: list[str] = []
-    if layout.n_layer is None or layout.hidden is None or layout.seq_len is None:
+    formula = describe_formula(cfg, layout, mb)
+    if formula:
+        notes.append(f"activations: {formula}")
+        if cfg.precision != "fp32" and uses_autocast(cfg, dims):
+            notes.append(AUTOCAST_NOTE)
+    else:
         notes.append(
             "activations not estimated: pass n_layer, hidden, n_head and seq_len (or a model "
             "with a config) to include them"
@@ -212,6 +234,7 @@ def estimate(
         summary=cfg.summary(world_size),
         bytes_per_param=ppk,
         notes=tuple(notes),
+        activation_formula=formula,
     )
 
 
@@ -318,13 +341,13 @@ def _rank_estimate(
     grads = int(local * G / shards[1])
     optim = int(local * K / shards[2])
 
-    offloaded = 0
+    on_cpu = (0, 0, 0)  # (parameters, gradients, optimizer) in CPU memory
     if cfg.offload == "parameters":
-        offloaded, params, grads, optim = params + grads + optim, 0, 0, 0
+        on_cpu, params, grads, optim = (params, grads, optim), 0, 0, 0
     elif cfg.offload == "optimizer":
-        offloaded, optim = optim, 0
-        if zs >= 2:  # ZeRO-Offload reduces the gradient partition straight to CPU memory
-            offloaded, grads = offloaded + grads, 0
+        # ZeRO-Offload reduces the gradient partition straight to CPU memory at stages 2-3
+        on_cpu = (0, grads if zs >= 2 else 0, optim)
+        grads, optim = grads - on_cpu[1], 0
 
     buffers = _buffers(cfg, layout, local, zs, dp, accounting, bucket)
     acts = activation_bytes(cfg, dims, layout, mb, stage)
@@ -335,7 +358,8 @@ def _rank_estimate(
         optimizer=optim,
         activations=acts,
         buffers=buffers,
-        offloaded=offloaded,
+        offloaded=sum(on_cpu),
+        offloaded_parts=on_cpu,
     )
 
 

@@ -15,14 +15,25 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from mpnb.errors import MpnbError
+from mpnb.planning.hf_plans import tensor_plan as hf_tensor_plan
 from mpnb.planning.model_shape import (
-    block_modules,
     default_tensor_plan,
     even_stage_starts,
-    is_torch_class,
+    find_blocks,
     param_numel,
     shape_from_config,
+    shard_units,
 )
+
+# tensor-parallel styles (torch's and transformers') -> (splits the weight, splits the bias too);
+# column styles split weight and bias by output features, row styles the weight by input features
+# (their bias is added after the all-reduce, replicated), the embedding styles the table
+SPLITS: dict[str, tuple[bool, bool]] = {
+    **dict.fromkeys(("colwise", "colwise_gather_output", "colwise_rep", "packed_colwise"), (True, True)),
+    **dict.fromkeys(("rowwise", "rowwise_split_input", "rowwise_rep", "packed_rowwise",
+                     "embedding_rowwise", "embedding_colwise"), (True, False)),
+}
 
 
 @dataclass
@@ -44,6 +55,23 @@ class Layout:
     vocab: int | None = None
     dropout: bool = True
     flash: bool = False
+    # where a model differs from Korthikanti's GPT (`hf_shape.activation_shape`); the defaults are his
+    kv_heads: int | None = None  # key/value heads (GQA); None: as many as query heads
+    intermediate: int | None = None  # MLP width; None: 4 * hidden
+    mlp_values: float = 2  # values of s*b*intermediate the MLP keeps
+    norm_values: float = 1  # values of s*b*h each norm keeps
+    embed_values: float = 0  # values of s*b*h kept before the layers (first pipeline stage)
+    head_values: float = 0  # values of s*b*h kept after the layers (last stage), besides the logits
+    logits: bool = True  # the head makes s*b*vocab logits (False: a pooled classifier)
+    logits_fp32: bool = True  # the loss keeps an fp32 log-softmax (else one in the compute precision)
+    fp32_values: float = 0  # of each layer's values, those fp32 in any precision (RMSNorm's x.float())
+    head_fp32_values: float = 0  # the same after the layers
+    # under torch autocast (16-bit compute, fp32 residual stream): fp32 values per layer, before and after
+    # the layers, and the extra 16-bit copies of a layer's inputs (`hf_shape`)
+    autocast_fp32_values: float = 0
+    autocast_outside_fp32: tuple[float, float] = (0, 0)
+    input_copies: float = 0
+    arch: str = ""  # what the model is, for the formula's description
 
     def stage_params(self, stages: int, stage: int) -> int:
         """Parameters of pipeline stage `stage` (the whole model for one stage)."""
@@ -85,43 +113,44 @@ def layout_from_count(n: int, shape: dict[str, Any], plan_is_default: bool) -> L
 def layout_from_module(
     model: Any, plan: dict[str, str], wrap_classes: list[str]
 ) -> tuple[Layout, dict[str, Any]]:
-    """The layout of `model` and its shape from `model.config` (see `model_shape.shape_from_config`)."""
-    seen: dict[int, int] = {}
-    order: list[tuple[int, int]] = []  # (id, numel) in registration order
-    for _, p in model.named_parameters(remove_duplicate=True):
-        if id(p) not in seen:
-            seen[id(p)] = param_numel(p)
-            order.append((id(p), param_numel(p)))
-    total = sum(seen.values())
+    """The layout of `model` and its shape from `model.config` (see `model_shape.shape_from_config`).
+
+    A parameter shared by several modules (tied input and output embeddings) counts once in
+    `total`, and once in each of first / blocks / last whose modules use it: a pipeline puts the
+    embedding on the first stage and the LM head on the last, and both stages hold the weight.
+    """
+    total = sum(param_numel(p) for p in {id(p): p for p in model.parameters()}.values())
     largest = 0
     for _, m in model.named_modules():
         largest = max(largest, sum(param_numel(p) for p in m.parameters(recurse=False)))
     layout = Layout(total=total, largest_layer=largest)
-
     layout.tp_split = tensor_split_params(model, plan)
-    blocks = block_modules(model)
-    if blocks:
-        block_keys: set[int] = set()
-        for block in blocks:
-            count = 0
-            for p in block.parameters():
-                if id(p) not in block_keys:
-                    block_keys.add(id(p))
-                    count += param_numel(p)
-            layout.blocks.append(count)
-        seen_block = False
-        for key, numel in order:
-            if key in block_keys:
-                seen_block = True
-            elif not seen_block:
-                layout.first += numel
-            else:
-                layout.last += numel
+    found = find_blocks(model)
+    if found:
+        name, container = found
+        block_ids: set[int] = set()
+        for block in container.children():
+            own = [p for p in block.parameters() if id(p) not in block_ids]
+            block_ids.update(id(p) for p in own)
+            layout.blocks.append(sum(param_numel(p) for p in own))
+        seen: dict[str, set[int]] = {"first": set(), "last": set()}
+        where = "first"
+        for module_name, module in model.named_modules():
+            if module_name == name or module_name.startswith(name + "."):
+                where = "last"
+                continue
+            for p in module.parameters(recurse=False):
+                if id(p) not in block_ids and id(p) not in seen[where]:
+                    seen[where].add(id(p))
+                    setattr(layout, where, getattr(layout, where) + param_numel(p))
     else:
         layout.first = total
-    # FSDP shards the fsdp_wrap classes, else each block, as a unit; without either the model is the unit
-    wrapped = _unit_sizes([m for m in model.modules() if type(m).__name__ in wrap_classes])
-    layout.unit = max(wrapped or layout.blocks or [total])
+    # FSDP shards these units one by one (the engine's own choice), else the model is the unit
+    try:
+        units = shard_units(model, list(wrap_classes))
+    except MpnbError:  # fsdp_wrap names classes the model lacks: the engine refuses it, ignore it here
+        units = []
+    layout.unit = max(_unit_sizes(units) or layout.blocks or [total])
     return layout, shape_from_config(model)
 
 
@@ -137,12 +166,15 @@ def _unit_sizes(units: list[Any]) -> list[int]:
 
 
 def tensor_split_params(model: Any, plan: dict[str, str]) -> int:
-    """Parameters the tensor-parallel plan splits: colwise Linear weight and bias, rowwise weight.
+    """Parameters the tensor-parallel plan splits (`SPLITS`: which of weight and bias each style splits).
 
-    `plan` maps module-path patterns (fnmatch, as `config.tensor_plan`) to styles;
-    empty means the engine's default plan (`model_shape.default_tensor_plan`).
+    `plan` maps module-path patterns (fnmatch, as `config.tensor_plan`) to styles; empty means
+    the model's own: a transformers model's `base_model_tp_plan` (resolved with its head's entries,
+    `hf_plans.tensor_plan`), else the engine's default plan (`model_shape.default_tensor_plan`).
+    A parameter shared by two planned modules (tied embeddings) is split once.
     """
     modules = dict((name, m) for name, m in model.named_modules() if name)
+    plan = plan or hf_tensor_plan(model) or {}
     styles: dict[str, str] = {}
     if plan:
         for name in modules:
@@ -151,10 +183,10 @@ def tensor_split_params(model: Any, plan: dict[str, str]) -> int:
                     styles[name] = style
     else:
         styles = {name: style for name, style in default_tensor_plan(model).items() if name in modules}
-    total = 0
+    split: dict[int, int] = {}
     for name, style in styles.items():
-        module = modules[name]
-        for pname, p in module.named_parameters(recurse=False):
-            if pname == "weight" or (style == "colwise" and is_torch_class(module, "Linear")):
-                total += param_numel(p)
-    return total
+        weight, bias = SPLITS.get(style, (False, False))
+        for pname, p in modules[name].named_parameters(recurse=False):
+            if weight if pname == "weight" else bias:
+                split[id(p)] = param_numel(p)
+    return sum(split.values())

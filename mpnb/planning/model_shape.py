@@ -14,6 +14,8 @@ import difflib
 from typing import Any
 
 from mpnb.errors import MpnbError
+from mpnb.planning.hf_plans import no_split_classes
+from mpnb.planning.hf_shape import activation_shape
 from mpnb.planning.parallel_dims import KNOWN_TENSOR_STYLES
 
 _CONTAINERS = ("ModuleList", "Sequential", "ModuleDict")
@@ -75,10 +77,36 @@ def modules_by_class(model: Any, class_names: list[str]) -> list[Any]:
 
 
 def shard_units(model: Any, wrap_classes: list[str]) -> list[Any]:
-    """The modules FSDP shards one by one (before the root): `wrap_classes`, else the repeated blocks."""
+    """The modules FSDP shards one by one (before the root).
+
+    `wrap_classes` (config.fsdp_wrap) when given; else, for a transformers model, every module of
+    the block classes its `_no_split_modules` names (what transformers itself wraps); else the
+    repeated blocks.
+    """
     if wrap_classes:
         return modules_by_class(model, list(wrap_classes))
-    return block_modules(model)
+    own = no_split_classes(model)
+    units = [m for m in model.modules() if type(m).__name__ in own]
+    # a unit must own its parameters: one tied to a module outside it (BERT's word embeddings and
+    # MLM decoder) would be resharded before the other use; outermost units only (FSDP2 nests bottom-up)
+    units = [u for u in units if not _shares_parameters(model, u) and not _inside(u, units)]
+    return units or block_modules(model)
+
+
+def _inside(module: Any, units: list[Any]) -> bool:
+    return any(u is not module and any(m is module for m in u.modules()) for u in units)
+
+
+def _shares_parameters(model: Any, unit: Any) -> bool:
+    """Some parameter of `unit` is also used by a module outside it (tied weights)."""
+    inside = {id(p) for p in unit.parameters()}
+    unit_modules = {id(m) for m in unit.modules()}
+    for module in model.modules():
+        if id(module) in unit_modules:
+            continue
+        if any(id(p) in inside for p in module.parameters(recurse=False)):
+            return True
+    return False
 
 
 def default_tensor_plan(model: Any) -> dict[str, str]:
@@ -100,10 +128,15 @@ def default_tensor_plan(model: Any) -> dict[str, str]:
     return plan
 
 
+# attention implementations that keep no s x s score tensors for backward (transformers' names)
+FUSED_ATTENTION = ("sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+
+
 def shape_from_config(model: Any) -> dict[str, Any]:
     """Layers, width, heads, sequence length, vocabulary and dropout from `model.config`, where given.
 
-    Reads nanoGPT names (n_layer, n_embd, n_head) and the Hugging Face ones.
+    Reads nanoGPT names (n_layer, n_embd, n_head) and the Hugging Face ones; for a transformers
+    model also what its activations differ in from Korthikanti's GPT (`hf_shape.activation_shape`).
     """
     cfg = getattr(model, "config", None)
     if cfg is None:
@@ -123,13 +156,16 @@ def shape_from_config(model: Any) -> dict[str, Any]:
         "seq_len": pick("seq_len", "block_size", "n_positions", "max_position_embeddings"),
         "vocab": pick("vocab_size"),
     }
-    drop = [pick(n) for n in ("dropout", "resid_pdrop", "attn_pdrop", "hidden_dropout", "attention_dropout")]
+    drop = [pick(n) for n in ("dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop", "hidden_dropout",
+                              "attention_dropout", "hidden_dropout_prob", "attention_probs_dropout_prob")]
     known = [d for d in drop if isinstance(d, (int, float))]
     if known:
         shape["dropout"] = any(d > 0 for d in known)
     attn = getattr(cfg, "_attn_implementation", None)
     # mpnb.models.GPT uses F.scaled_dot_product_attention: no a*s^2 score tensors are kept
-    shape["flash"] = type(model).__module__ == "mpnb.models" or attn in ("sdpa", "flash_attention_2")
+    shape["flash"] = type(model).__module__ == "mpnb.models" or attn in FUSED_ATTENTION
+    found = find_blocks(model)
+    shape.update(activation_shape(model, found[0] if found else None))
     return {k: v for k, v in shape.items() if v is not None}
 
 
