@@ -29,7 +29,7 @@ MPNB_USAGE = """\
 %mpnb start [-n N] [--devices 0,1,...] [--backend nccl|gloo] [--timeout SECONDS] [--port PORT]
 %mpnb connect --profile NAME_OR_DIR [--cluster-id ID] [--backend nccl|gloo] [--timeout SECONDS]
 %mpnb status | restart | heal | stop
-%mpnb config [key=value ...]
+%mpnb config [--model NAME] [key=value ...]
 %mpnb pull NAME [--rank R]
 %mpnb push NAME
 %mpnb run [--keep] [--timeout S] [--output MODE] [--quiet|--verbose] [--no-monitor] SCRIPT [ARGS...]
@@ -67,6 +67,8 @@ def _build_parsers() -> dict[str, _Parser]:
         p[name] = _parser(name)
     p["config"] = _parser("config")
     p["config"].add_argument("assignments", nargs="*", metavar="key=value")
+    p["config"].add_argument("--model", default=None, metavar="NAME",
+                             help="a model in the notebook: say which strategies it can run, refuse others")
     pull = p["pull"] = _parser("pull")
     pull.add_argument("name")
     pull.add_argument("--rank", type=int, default=None)
@@ -99,7 +101,7 @@ class MpnbMagics(Magics):
         %mpnb start [-n N] [--devices 0,1,...] [--backend nccl|gloo] [--timeout SECONDS] [--port PORT]
         %mpnb connect --profile NAME_OR_DIR [--cluster-id ID] [--backend nccl|gloo] [--timeout SECONDS]
         %mpnb status | restart | heal | stop
-        %mpnb config [key=value ...]
+        %mpnb config [--model NAME] [key=value ...]
         %mpnb pull NAME [--rank R]
         %mpnb push NAME
         %mpnb run [--keep] [--timeout S] [--output MODE] [--quiet|--verbose] [--no-monitor] SCRIPT [ARGS...]
@@ -164,17 +166,38 @@ class MpnbMagics(Magics):
         lifecycle.stop(verbose=True)
 
     def _cmd_config(self, args: argparse.Namespace) -> None:
+        from mpnb.planning import model_support
         from mpnb.planning.config import Config
 
         sess = cluster.current()
+        world = sess.world_size if sess is not None else None
+        model = self._notebook_model(args.model) if args.model else None
         current = sess.config if sess is not None else (self._config or Config())
         if args.assignments:
             new = current.update_from_strings(args.assignments)
+            if model is not None:
+                model_support.check_config(model, new, world)  # refused before anything reaches a rank
             if sess is not None:
                 sess.set_config(new)  # validates for this world and pushes to every rank
             self._config = new
             current = new
-        print(current.summary(sess.world_size if sess is not None else None))
+        print(current.summary(world))
+        if model is not None:
+            print(model_support.describe_support(model, world))
+            problem = model_support.config_problem(model, current, world)
+            if problem:
+                print(f"The config above cannot run {type(model).__name__}: {problem}")
+
+    def _notebook_model(self, name: str) -> Any:
+        """The model `--model NAME` names in the notebook's namespace."""
+        if name not in self.shell.user_ns:
+            raise ConfigError(f"`%mpnb config --model {name}`: {name!r} is not defined in the notebook. "
+                              "Build the model in a notebook cell first, or leave --model out.")
+        model = self.shell.user_ns[name]
+        if not hasattr(model, "named_modules"):
+            raise ConfigError(f"`%mpnb config --model {name}`: {name!r} is of type {type(model).__name__}, "
+                              "not a torch model (nn.Module). Name the model itself.")
+        return model
 
     def _cmd_pull(self, args: argparse.Namespace) -> Any:
         sess = cluster.session()

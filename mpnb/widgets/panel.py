@@ -95,7 +95,8 @@ class ConfigPanel(SessionLink, ConfigFiles, widgets.VBox):
 
     def _layout(self) -> None:
         form = widgets.VBox([
-            self.strategy, self._zero_box, self._fsdp_box, self._pipeline_box, self._tensor_box,
+            self.strategy, self.strategy_note, self._support_css,
+            self._zero_box, self._fsdp_box, self._pipeline_box, self._tensor_box,
             self.precision, self.micro_batch_size, self.grad_accum_steps, self.activation_checkpointing,
             self._offload_box,
             widgets.HTML("<b>Cluster</b>"), self._cluster_note, self.world, self.device, self.capacity_gib,
@@ -123,11 +124,15 @@ class ConfigPanel(SessionLink, ConfigFiles, widgets.VBox):
                 self._updating = False
         self._update_visibility()
         world, device = self.world_size(), self.device_kind()
+        self._update_support(world)
         try:
             cfg: Config | None = self.pending_config()
             problems = cfg.problems(world, device)
         except ConfigError as exc:
             cfg, problems = None, [str(exc)]
+        unsupported = self.model_problem(cfg, world) if cfg is not None else None
+        if unsupported:  # a strategy from the session or an import, or a TP degree that splits heads
+            problems = [unsupported, *problems]
         if problems:
             self.message.value = ERROR_HTML.format("".join(f"<div>{html.escape(p)}</div>" for p in problems))
         else:

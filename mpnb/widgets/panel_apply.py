@@ -18,6 +18,7 @@ import ipywidgets as widgets
 
 from mpnb.errors import MpnbError
 from mpnb.planning.config import Config
+from mpnb.planning.model_support import check_config
 from mpnb.widgets.panel_style import ERROR_HTML, NOTE_SPAN, WIDE_LABELS
 from mpnb.widgets.panel_views import EstimateViews
 
@@ -82,6 +83,7 @@ class SessionLink(EstimateViews):
         world, device = self.world_size(), self.device_kind()
         try:
             cfg = self.pending_config().validate(world, device)
+            check_config(self._model, cfg, world)  # the model cannot run it: nothing is sent
             old = self.config
             if self._session is not None:
                 self._applying = True

@@ -15,6 +15,7 @@ from mpnb.planning.config import Config
 from mpnb.planning.config_values import PIPELINE_SCHEDULES
 from mpnb.widgets.panel_plan import PlanInputs
 from mpnb.widgets.panel_style import WIDE_LABELS
+from mpnb.widgets.panel_support import StrategyGate
 
 ZERO_STAGES = [
     ("0 · nothing sharded (data parallel through DeepSpeed)", 0),
@@ -37,7 +38,7 @@ def divisors_from_2(n: int) -> list[int]:
     return [d for d in range(2, n + 1) if n % d == 0]
 
 
-class StrategyForm(PlanInputs):
+class StrategyForm(StrategyGate, PlanInputs):
     """The strategy, precision and batch controls of `ConfigPanel`, named after their Config fields."""
 
     config: Config  # the applied config; the form starts from it
@@ -51,6 +52,7 @@ class StrategyForm(PlanInputs):
         self.strategy = widgets.ToggleButtons(options=STRATEGY_OPTIONS, tooltips=STRATEGY_TIPS,
                                               description="Strategy", style=WIDE_LABELS)
         self.strategy.add_class("mpnb-panel-strategy")
+        self._build_support(STRATEGY_TIPS)  # before `_refresh` observes the strategy
         # max-content: at the default 300 px the labels wrap inside fixed-height rows and overlap
         self.zero_stage = widgets.RadioButtons(options=ZERO_STAGES, description="ZeRO stage",
                                                style=WIDE_LABELS, layout=widgets.Layout(width="max-content"))

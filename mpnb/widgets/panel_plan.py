@@ -14,6 +14,8 @@ from typing import Any
 import ipywidgets as widgets
 
 from mpnb.errors import ConfigError
+from mpnb.planning.hf_plans import attention_heads
+from mpnb.planning.model_shape import shape_from_config
 from mpnb.widgets.panel_style import NOTE_SPAN, WIDE_LABELS
 
 GIB = 2**30
@@ -101,21 +103,41 @@ class PlanInputs:
                                                  style=WIDE_LABELS)
         self.seq_len = widgets.BoundedIntText(value=1024, min=0, max=10_000_000,
                                               description="Sequence length", style=WIDE_LABELS)
+        self.n_kv_head = widgets.BoundedIntText(value=12, min=0, max=10_000, description="Key/value heads",
+                                                style=WIDE_LABELS)
         if is_count:
             rows = [self.num_params, self.n_layer, self.hidden, self.n_head, self.vocab_size, self.seq_len]
-            title = "Model (size and shape; 0 = unknown)"
+            title = "<b>Model (size and shape; 0 = unknown)</b>"
         else:
-            cfg = getattr(model, "config", None)
-            names = ("seq_len", "block_size", "n_positions", "max_position_embeddings")
-            seq = next((getattr(cfg, n) for n in names if getattr(cfg, n, None)), 0)
-            self.seq_len.value = int(seq)
             count = sum(int(p.numel()) for p in {id(p): p for p in model.parameters()}.values())
             self.num_params.value = f"{count:,}"
             self.num_params.disabled = True
-            rows = [self.num_params, self.seq_len]
-            title = f"Model: {html.escape(type(model).__name__)}"
-        self._model_box = widgets.VBox([widgets.HTML(f"<b>{title}</b>"), *rows])
+            shape = self._shape_rows(model)
+            rows = [self.num_params, *shape, self.seq_len]
+            title = f"<b>Model: {html.escape(type(model).__name__)}</b>"
+            if shape:
+                title += " " + NOTE_SPAN.format("shape read from its config")
+        self._model_box = widgets.VBox([widgets.HTML(title), *rows])
         self._model_box.add_class("mpnb-panel-model")
+
+    def _shape_rows(self, model: Any) -> list[widgets.Widget]:
+        """The shape read from `model.config` (transformers or mpnb's GPT), shown read-only.
+
+        The estimate reads the model itself; only the sequence length stays
+        editable (it is a property of the batches, not the weights).
+        """
+        shape = shape_from_config(model)
+        self.seq_len.value = int(shape.get("seq_len") or 0)
+        if "n_layer" not in shape and "hidden" not in shape:
+            return []  # no config: only the parameter count is known
+        heads, kv_heads = attention_heads(model)
+        values = {self.n_layer: shape.get("n_layer"), self.hidden: shape.get("hidden"), self.n_head: heads,
+                  self.n_kv_head: kv_heads, self.vocab_size: shape.get("vocab")}
+        for widget, value in values.items():
+            widget.value = int(value or 0)
+            widget.disabled = True
+            widget.tooltip = "from the model's config"
+        return list(values)
 
     def _plan_inputs(self) -> list[widgets.Widget]:
         return [self.world, self.device, self.capacity_gib, self.num_params, self.n_layer, self.hidden,
