@@ -1,7 +1,8 @@
 """Step time of the same training loop in notebook engines vs a torchrun script, both warm.
 
-For each strategy, the tiny GPT (mpnb.models) trains with AdamW on 2 ranks, in two worlds that
-live side by side for the whole run:
+For each strategy, a tiny model trains with AdamW on 2 ranks (`--model gpt`: mpnb's tiny GPT on
+synthetic batches; `--model llama`: notebook 09's transformers Llama on dict batches of The Devil's
+Dictionary, with its own loss), in two worlds that live side by side for the whole run:
 - notebook: a real IPython shell with `%load_ext mpnb`, `mpnb.start(n=2)` (memory monitor on at
   its defaults), one `%%distributed` cell that prepares and warms up, then timed `%%distributed`
   cells of STEPS steps;
@@ -17,7 +18,8 @@ burst of load on this shared 2-core machine falls on both sides of a pair. Two r
 The median over pairs per strategy, and the geometric mean over strategies, are printed;
 the target is <= 1.05 for the engine loop.
 
-Usage: python benchmarks/steps.py [--steps 20] [--pairs 8] [--strategies ddp,fsdp,...] [--no-monitor]
+Usage: python benchmarks/steps.py [--model gpt|llama] [--steps 20] [--pairs 8] [--strategies ddp,fsdp,...]
+                                 [--no-monitor]
 """
 
 from __future__ import annotations
@@ -54,13 +56,30 @@ CONFIGS = {
 }
 WARMUP = 3
 
+# model -> the code that builds `_net` and its `_batches` (global batches of 8 rows)
+MODELS = {
+    "gpt": """
+from mpnb.models import synthetic_batches, tiny_gpt
+_net = tiny_gpt(0)
+_batches = list(synthetic_batches(batch_size=8, steps={steps}, seed=0))
+""",
+    # notebook 09's model and data: dicts with input_ids, attention_mask, labels; the model's own loss
+    "llama": """
+import transformers
+from mpnb.text_data import byte_batches, encode, read_text
+torch.manual_seed(0)
+_net = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+    vocab_size=256, hidden_size=64, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False))
+_batches = list(byte_batches(encode(read_text()), batch_size=8, seq_len=64, steps={steps}, seed=0))
+""",
+}
+
 # the training code, shared word for word by both sides
 SETUP = """
 import time, torch, mpnb
-from mpnb.models import synthetic_batches, tiny_gpt
-_net = tiny_gpt(0)
+{model}
 _trainer = mpnb.prepare(_net, torch.optim.AdamW(_net.parameters(), lr=1e-3), config={config!r})
-_batches = list(synthetic_batches(batch_size=8, steps={steps}, seed=0))
 for _b in _batches[:{warmup}]:
     _trainer.step(_b)
 """
@@ -164,11 +183,14 @@ def run_cell(ip, body: str) -> float:
     return time.perf_counter() - t0
 
 
-def measure(ip, world: TorchrunWorld, name: str, steps: int, pairs: int) -> dict[str, list[float]]:
+def measure(
+    ip, world: TorchrunWorld, model: str, name: str, steps: int, pairs: int
+) -> dict[str, list[float]]:
     """Per block pair: torchrun, engine-loop and whole-cell seconds per step."""
     import mpnb
 
-    setup = SETUP.format(config=CONFIGS[name], steps=steps, warmup=WARMUP)
+    build = MODELS[model].format(steps=steps)
+    setup = SETUP.format(model=build, config=CONFIGS[name], warmup=WARMUP)
     run_cell(ip, setup)
     world.run(setup)
     out: dict[str, list[float]] = {"torchrun": [], "loop": [], "cell": []}
@@ -192,6 +214,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--model", choices=list(MODELS), default="gpt", help="the model to train")
     parser.add_argument("--steps", type=int, default=20, help="steps per block")
     parser.add_argument("--pairs", type=int, default=8, help="notebook/torchrun block pairs per strategy")
     parser.add_argument("--strategies", default=",".join(CONFIGS))
@@ -211,14 +234,15 @@ def main() -> None:
     results = {}
     try:
         for name in names:
-            results[name] = measure(ip, world, name, args.steps, args.pairs)
+            results[name] = measure(ip, world, args.model, name, args.steps, args.pairs)
             print(f"{name} done", file=sys.stderr, flush=True)
     finally:
         world.close()
         mpnb.stop()
 
     monitor = "off" if args.no_monitor else "on"
-    print(f"step time, tiny GPT, 2 CPU ranks, AdamW, monitor {monitor}: {args.pairs} block pairs "
+    title = {"gpt": "tiny GPT", "llama": "tiny Llama (transformers, dict batches)"}[args.model]
+    print(f"step time, {title}, 2 CPU ranks, AdamW, monitor {monitor}: {args.pairs} block pairs "
           f"of {args.steps} steps per strategy; medians over pairs")
     header = ("strategy", "torchrun", "engine loop", "ratio", "whole cell", "ratio")
     print("{:<10} {:>9} {:>12} {:>6} {:>11} {:>6}".format(*header))

@@ -14,6 +14,9 @@ trend its text claims, with a tolerance that is honest on 2 shared CPU cores:
   torchrun and `%mpnb run` (which takes less than half torchrun's time), its
   loss falls, and after `--keep` both ranks hold bit-identical weights (1,153
   parameters) although each saw its own 512 samples.
+- 09_huggingface (its own cells, on 4 ranks, 10 steps): a tiny transformers Llama trained under DDP,
+  ZeRO-3 and tensor x data gives the same losses at every step, and ZeRO-3 and tensor x data hold the
+  shares of DDP's model-state bytes per rank that the notebook states.
 
 The other notebooks' claims are asserted elsewhere: ZeRO's bytes per rank per
 stage and FSDP's 1/N (02, 03) in test_breakdown.py, tensor-parallel and every
@@ -37,6 +40,7 @@ from IPython.utils.capture import capture_output
 from mpnb.execution.output import strip_ansi
 from mpnb.tools.demo import NOTEBOOKS
 from mpnb.widgets.timeline import formula_bubble, idle_share
+from tests.helpers import code_cells, own_cluster
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -244,3 +248,46 @@ def test_your_script_prints_what_torchrun_prints_and_keeps_equal_replicas(cluste
     assert kept[0]["sha1"] == kept[1]["sha1"], "DDP keeps the replicas' weights equal, bit for bit"
     assert [k["shard"] for k in kept] == [512, 512]
     assert not set(kept[0]["samples"]) & set(kept[1]["samples"]), "each rank draws its own samples"
+
+
+# 09_huggingface: the notebook's own cells in this shell, 10 steps instead of 100, without starting its
+# cluster, generating text or stopping (test_notebooks.py runs the whole notebook)
+HF_NOTEBOOK = "09_huggingface.ipynb"
+HF_STEPS_LINE = "STEPS, BATCH, SEQ = 100, 16, 64"
+HF_SKIPPED_CELLS = ("trainer.generate(", "%mpnb stop")
+
+
+@pytest.fixture
+def four_ranks():
+    """09's 4-engine cluster (tensor x data needs 4 ranks). Starting it stops the module's 2-engine
+    cluster, so the test that uses it stays the last of this module."""
+    with own_cluster(n=4, timeout=60) as sess:
+        yield sess
+
+
+def test_huggingface_losses_agree_and_sharding_holds_the_stated_share(four_ranks, ipython):
+    nb = nbformat.read(NOTEBOOKS / HF_NOTEBOOK, as_version=4)
+    assert sum(HF_STEPS_LINE in c.source for c in code_cells(nb)) == 1, f"no cell sets {HF_STEPS_LINE!r}"
+    for cell in code_cells(nb):
+        if any(marker in cell.source for marker in HF_SKIPPED_CELLS):
+            continue
+        source = "\n".join(line for line in cell.source.splitlines() if not line.startswith("%mpnb start"))
+        source = source.replace(HF_STEPS_LINE, "STEPS, BATCH, SEQ = 10, 16, 64")
+        with capture_output() as cap:
+            result = ipython.run_cell(source)
+        assert result.success, f"{source}\n{strip_ansi(cap.stdout)}{strip_ansi(cap.stderr)}"
+
+    summary = ipython.user_ns["summary"]  # the table the notebook's result cell shows
+    assert list(summary.index) == ["DDP", "ZeRO-3", "TP x DP"]
+    losses = ipython.user_ns["losses"]
+    assert len(losses) == 10 and (losses.iloc[-1] < losses.iloc[0]).all(), losses
+    # the same arithmetic under every strategy: float rounding only, which the notebook states is below 1e-5
+    # over its first 50 steps (later steps amplify it to ~1e-3; this test runs 10)
+    assert summary["max |loss - DDP's|, steps 1-50"].max() < 1e-5, summary
+    # ZeRO-3: (4 + 4 + 12) / 4 of DDP's 16 bytes per parameter; tensor x data: TP halves the blocks'
+    # matrices, FSDP2 halves everything again. The text states both shares to 2 decimals.
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    for name, expected in (("ZeRO-3", 0.3125), ("TP x DP", 0.25)):
+        share = summary.loc[name, "share of DDP's"]
+        assert share == pytest.approx(expected, abs=0.03), (name, share)
+        assert f"about {share:.2f} of that" in text, f"the notebook does not state {name}'s share {share:.2f}"
