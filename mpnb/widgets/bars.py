@@ -132,9 +132,14 @@ def estimate_html(est: Estimate, capacity: int) -> str:
             "Fits: the most loaded rank "
             f"uses {100 * est.total / capacity:.0f}% of {format_bytes(capacity)}.</div>"
         )
+    formula = est.activation_formula
     for note in est.notes:
+        title = ""
+        if formula and note == f"activations: {formula}":  # a paragraph: one line here, whole on hover
+            title = f' title="{html.escape(note)}"'
+            note = f"activations: {formula.split(';')[0]} (hover: formula)"
         parts.append(
-            f'<div class="mpnb-panel-note" style="color:#777;font-size:11px">{html.escape(note)}</div>'
+            f'<div class="mpnb-panel-note"{title} style="color:#777;font-size:11px">{html.escape(note)}</div>'
         )
     parts.append("</div>")
     return "".join(parts)

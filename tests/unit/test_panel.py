@@ -292,3 +292,15 @@ def test_panel_imports_no_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().startswith("ZeRO-3")
+
+
+def test_the_activation_formula_is_one_line_in_the_panel_and_whole_on_hover():
+    from mpnb.models import tiny_gpt
+    from mpnb.widgets.bars import estimate_html
+
+    est = mpnb.estimate(tiny_gpt(), {"strategy": "ddp"}, 2)
+    note = r'<div class="mpnb-panel-note"( title="[^"]*")? [^>]*>([^<]*)</div>'
+    notes = re.findall(note, estimate_html(est, 2**30))
+    formula = [(title, text) for title, text in notes if text.startswith("activations:")]
+    assert formula == [(f' title="{html.escape("activations: " + est.activation_formula)}"',
+                        "activations: GPT-style transformer (hover: formula)")]
