@@ -48,6 +48,29 @@ def cluster_hf_run(view: Any, config: dict[str, Any], **kwargs: Any) -> list[dic
     return view.pull("hf_result", block=True)
 
 
+class CachedRuns:
+    """Each case of a test module trained once (its loss and memory tests read the same results),
+    and the single-process reference losses once per family."""
+
+    def __init__(self, cases: dict[str, tuple[str, dict[str, Any]]]) -> None:
+        self.cases = cases  # case id -> (family, config)
+        self._results: dict[str, list[dict[str, Any]]] = {}
+        self._references: dict[str, list[float]] = {}
+
+    def results(self, view: Any, case: str) -> list[dict[str, Any]]:
+        """The case's per-rank results, trained on the first call."""
+        if case not in self._results:
+            family, config = self.cases[case]
+            self._results[case] = cluster_hf_run(view, config, family=family)
+        return self._results[case]
+
+    def reference(self, family: str) -> list[float]:
+        """`local_hf_run`'s losses for `family`: one process, the same batches."""
+        if family not in self._references:
+            self._references[family] = local_hf_run(family=family)["losses"]
+        return self._references[family]
+
+
 def assert_estimate_agrees(results: list[dict[str, Any]], within: float = 0.05) -> None:
     """Per rank, what the trainer holds equals `mpnb.estimate`'s prediction within `within` (relative)."""
     for rank, result in enumerate(results):

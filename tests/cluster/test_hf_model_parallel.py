@@ -32,8 +32,7 @@ STRATEGIES: dict[str, dict[str, Any]] = {
                       "pipeline_schedule": "1f1b"},
 }
 CASES = {f"{family}-{s}": (family, cfg) for family in ("llama", "qwen2") for s, cfg in STRATEGIES.items()}
-RESULTS: dict[str, list[dict[str, Any]]] = {}  # case id -> one result per rank, filled by the first test
-REFERENCE: dict[str, list[float]] = {}  # family -> single-process losses
+RUNS = hf_runs.CachedRuns(CASES)
 
 
 @pytest.fixture(scope="module")
@@ -43,26 +42,13 @@ def view(cluster):
     return v
 
 
-def run_case(view, case: str) -> list[dict[str, Any]]:
-    if case not in RESULTS:
-        family, config = CASES[case]
-        RESULTS[case] = hf_runs.cluster_hf_run(view, config, family=family)
-    return RESULTS[case]
-
-
-def reference(family: str) -> list[float]:
-    if family not in REFERENCE:
-        REFERENCE[family] = hf_runs.local_hf_run(family=family)["losses"]
-    return REFERENCE[family]
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_losses_match_single_process(view, case):
     family, _ = CASES[case]
-    results = run_case(view, case)
+    results = RUNS.results(view, case)
     losses = results[0]["losses"]
     assert len(losses) == 5 and results[1]["losses"] == losses, "every rank reports the same global loss"
-    assert_close(losses, reference(family), rel=1e-4)
+    assert_close(losses, RUNS.reference(family), rel=1e-4)
     # each rank holds part of the model: TP shards the projections, a stage keeps half of the layers
     for result in results:
         assert 0 < result["breakdown"]["parameters"] < 0.75 * results[0]["estimate"]["parameters"] * 2
@@ -70,7 +56,7 @@ def test_losses_match_single_process(view, case):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_memory_matches_estimate(view, case):
-    hf_runs.assert_estimate_agrees(run_case(view, case), 0.05)
+    hf_runs.assert_estimate_agrees(RUNS.results(view, case), 0.05)
 
 
 BAD = {  # id -> (family, config, overrides, words of the message)
@@ -98,7 +84,7 @@ def test_bad_input_fails_on_every_rank_and_the_cluster_trains_next(view):
             assert name == "MpnbError" and all(w in message for w in words), (case, message)
     # the process group still works: a tensor-parallel run right after trains as one process does
     results = hf_runs.cluster_hf_run(view, STRATEGIES["tensor"], family="llama", steps=2)
-    assert_close(results[0]["losses"], reference("llama")[:2], rel=1e-4)
+    assert_close(results[0]["losses"], RUNS.reference("llama")[:2], rel=1e-4)
 
 
 def test_bert_splits_with_mpnbs_encoder_plan(view):

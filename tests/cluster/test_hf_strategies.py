@@ -7,7 +7,7 @@ losses must equal `local_hf_run` (one process, no process group) to 1e-4 relativ
 in fp32. bf16 (FSDP2's MixedPrecisionPolicy: bf16 compute, fp32 shards and
 gradient reduction) is compared with the fp32 reference within 2e-2: bf16 keeps
 8 bits of mantissa (~4e-3 relative per rounding), and 5 steps of a 4-layer model
-accumulate a few of them. Each run's result is kept in RESULTS, so the memory
+accumulate a few of them. Each run's result is kept (`hf_runs.CachedRuns`), so the memory
 test compares the trainer's per-rank bytes with `mpnb.estimate` without training
 again. Also: bad batches fail with one MpnbError on both ranks and the next cell
 trains; `trainer.generate` gives the ids one process gives; a cell that trains
@@ -47,8 +47,7 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     **EXTRA,
 }
 BF16_REL = 2e-2
-RESULTS: dict[str, list[dict[str, Any]]] = {}  # case id -> one result per rank, filled by the first test
-REFERENCE: dict[str, list[float]] = {}  # family -> single-process losses
+RUNS = hf_runs.CachedRuns(CASES)
 
 GENERATE_CODE = '''
 PROMPT = [[5, 17, 42, 99, 3, 250], [200, 3, 77, 150, 8, 8]]
@@ -119,36 +118,22 @@ def test_a_transformers_cell_shows_only_what_the_user_printed(ip):
 
 
 # ---- losses and memory, per family and strategy -----------------------------------------------------
-def run_case(view, case: str) -> list[dict[str, Any]]:
-    """The case's per-rank results, trained once per module."""
-    if case not in RESULTS:
-        family, config = CASES[case]
-        RESULTS[case] = hf_runs.cluster_hf_run(view, config, family=family)
-    return RESULTS[case]
-
-
-def reference(family: str) -> list[float]:
-    if family not in REFERENCE:
-        REFERENCE[family] = hf_runs.local_hf_run(family=family)["losses"]
-    return REFERENCE[family]
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_losses_match_single_process(view, case):
     family, config = CASES[case]
-    results = run_case(view, case)
+    results = RUNS.results(view, case)
     losses = results[0]["losses"]
     assert len(losses) == 5 and results[1]["losses"] == losses, "every rank reports the same global loss"
     if config.get("precision") == "bf16":
-        assert losses != reference(family), "bf16 really ran in lower precision"
-        assert_close(losses, reference(family), rel=BF16_REL)
+        assert losses != RUNS.reference(family), "bf16 really ran in lower precision"
+        assert_close(losses, RUNS.reference(family), rel=BF16_REL)
     else:
-        assert_close(losses, reference(family), rel=1e-4)
+        assert_close(losses, RUNS.reference(family), rel=1e-4)
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_memory_matches_estimate(view, case):
-    hf_runs.assert_estimate_agrees(run_case(view, case), 0.05)
+    hf_runs.assert_estimate_agrees(RUNS.results(view, case), 0.05)
 
 
 # ---- generation after training ----------------------------------------------------------------------
