@@ -48,6 +48,19 @@ def tensor_plan(model: Any) -> dict[str, str] | None:
     return encoder_tensor_plan(model)
 
 
+def has_conv1d(model: Any) -> bool:
+    """The model keeps weights in transformers' Conv1D (GPT-2's transposed Linear): no plan splits those."""
+    return any(type(m).__name__ == "Conv1D" for m in model.modules())
+
+
+def missing_tensor_plan(model: Any) -> str | None:
+    """Why a transformers model has no tensor-parallel plan mpnb can apply ("X has no ..."), or None."""
+    if tensor_plan(model) is not None:
+        return None
+    why = f"{type(model).__name__} has no tensor-parallel plan (transformers' config.base_model_tp_plan)"
+    return why + " and its Conv1D layers cannot be split" if has_conv1d(model) else why
+
+
 def has_own_tensor_plan(model: Any) -> bool:
     """The model ships `config.base_model_tp_plan` (transformers resolves the plan itself)."""
     return is_transformers_model(model) and bool(getattr(model.config, "base_model_tp_plan", None))
@@ -126,17 +139,27 @@ def pipeline_blocks(model: Any) -> tuple[str, int] | None:
     return None
 
 
+def pipeline_problem(model: Any) -> str | None:
+    """Why a transformers model cannot be cut into pipeline stages ("X has no ..."), or None."""
+    name = type(model).__name__
+    if pipeline_blocks(model) is None:
+        return f"{name} has no pipeline plan (transformers' config.base_model_pp_plan)"
+    if not hasattr(model, "lm_head"):
+        return f"{name} is not a causal LM (mpnb's transformers pipeline runs *ForCausalLM models)"
+    return None
+
+
 def check_pipeline(model: Any, stages: int) -> tuple[str, int]:
     """The layers a transformers model's pipeline cuts; MpnbError naming the fix when it cannot be cut."""
-    name = type(model).__name__
-    found = pipeline_blocks(model)
-    if found is None or not hasattr(model, "lm_head"):
-        why = ("has no pipeline plan (transformers' config.base_model_pp_plan)" if found is None
-               else "is not a causal LM (mpnb's transformers pipeline runs *ForCausalLM models)")
+    why = pipeline_problem(model)
+    if why is not None:
         raise MpnbError(
-            f"{name} {why}, so mpnb cannot cut it into pipeline stages. Use strategy=fsdp or zero "
+            f"{why}, so mpnb cannot cut it into pipeline stages. Use strategy=fsdp or zero "
             "(or ddp) for it; pipeline runs Llama-family causal LMs (LlamaForCausalLM, Qwen2ForCausalLM...)."
         )
+    name = type(model).__name__
+    found = pipeline_blocks(model)
+    assert found is not None  # pipeline_problem said so
     blocks, count = found
     if stages > count:
         raise MpnbError(

@@ -96,15 +96,11 @@ def describe_support(model: Any, world_size: int | None = None) -> str:
 def _tensor_problem(model: Any, world_size: int | None, own_plan: bool) -> str | None:
     name = type(model).__name__
     if hf_plans.is_transformers_model(model):
-        if hf_plans.tensor_plan(model) is not None:
+        missing = hf_plans.missing_tensor_plan(model)
+        if missing is None:
             return _heads_problem(model, world_size)
-        # GPT-2 keeps its weights in transformers' Conv1D (transposed Linear): no plan can split those
-        if any(type(m).__name__ == "Conv1D" for m in model.modules()):
-            return (f"{name} has no tensor-parallel plan (transformers' config.base_model_tp_plan) and its "
-                    "Conv1D layers cannot be split")
-        if not own_plan:
-            return f"{name} has no tensor-parallel plan (transformers' config.base_model_tp_plan)"
-        return None
+        # a plan of the user's own splits nn.Linear layers, never GPT-2's Conv1D
+        return missing if hf_plans.has_conv1d(model) or not own_plan else None
     if not own_plan and not default_tensor_plan(model):
         return (f"{name} has no Linear layers mpnb knows how to split (qkv/proj/fc, q_proj/o_proj, "
                 "up_proj/down_proj, fc1/fc2); set config.tensor_plan, or use fsdp or zero")
@@ -125,12 +121,8 @@ def _heads_problem(model: Any, world_size: int | None) -> str | None:
 
 def _pipeline_problem(model: Any) -> str | None:
     name = type(model).__name__
-    if hf_plans.is_transformers_model(model):  # the rules of hf_plans.check_pipeline, which the engine runs
-        if hf_plans.pipeline_blocks(model) is None:
-            return f"{name} has no pipeline plan (transformers' config.base_model_pp_plan)"
-        if not hasattr(model, "lm_head"):
-            return f"{name} is not a causal LM (mpnb's transformers pipeline runs *ForCausalLM models)"
-        return None
+    if hf_plans.is_transformers_model(model):  # the reasons hf_plans.check_pipeline raises in the engine
+        return hf_plans.pipeline_problem(model)
     if is_torch_class(model, "Sequential"):
         return None if len(model) >= 2 else f"{name} has fewer than 2 layers to put on 2 stages"
     found = find_blocks(model)

@@ -116,13 +116,10 @@ def _has_colwise_child(module: nn.Module, plan: dict[str, str], root: nn.Module)
 
 def check_hf_model(model: nn.Module, tp: int) -> None:
     """MpnbError (before any collective) when a transformers model has no plan or its heads don't divide."""
-    if hf_plans.tensor_plan(model) is None:
-        conv = any(type(m).__name__ == "Conv1D" for m in model.modules())
-        why = (" and keeps its weights in transformers' Conv1D layers, which tensor parallelism cannot split"
-               if conv else "")
-        own = "" if conv else ", or give config.tensor_plan naming its nn.Linear layers"
+    why = hf_plans.missing_tensor_plan(model)
+    if why is not None:
+        own = "" if hf_plans.has_conv1d(model) else ", or give config.tensor_plan naming its nn.Linear layers"
         raise MpnbError(
-            f"{type(model).__name__} has no tensor-parallel plan (transformers' config.base_model_tp_plan)"
             f"{why}. Use strategy=fsdp or zero to shard it instead (tensor parallel runs Llama-family models "
             f"and BERT-style encoders){own}."
         )
