@@ -72,11 +72,11 @@ def generate(
 
 
 def _run(model: nn.Module, input_ids: torch.Tensor, strategy: str, kwargs: dict[str, Any]) -> Any:
-    if strategy != "tensor":
-        return model.generate(input_ids, **kwargs)
     try:
         return model.generate(input_ids, **kwargs)
     except (RuntimeError, ValueError, AssertionError) as err:  # split layers that cannot take the shapes
+        if strategy != "tensor":
+            raise
         raise MpnbError(
             f"trainer.generate failed under strategy=tensor ({type(err).__name__}: {err}). The split "
             f"model cannot generate here. {SAVE_AND_LOAD}"
