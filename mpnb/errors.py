@@ -32,3 +32,7 @@ class ConfigError(MpnbError):
 
 class RankError(MpnbError):
     """A cell failed, hung or lost a rank; the message says which and what to do."""
+
+
+class CheckpointError(MpnbError):
+    """A checkpoint cannot be written, read or resumed here; the message says why and what to use."""

@@ -10,6 +10,7 @@ so every rank fails the same way and the process group stays usable.
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
 import torch
@@ -41,6 +42,8 @@ def prepare(
     *,
     loss_fn: LossFn | None = None,
     config: Config | dict[str, Any] | None = None,
+    lr_scheduler: Any = None,
+    resume: str | os.PathLike[str] | None = None,
 ) -> Trainer:
     """Parallelise `model` (and `optimizer`) under the config and return the Trainer.
 
@@ -49,7 +52,9 @@ def prepare(
     rebuild it with the same class and hyperparameters: use `trainer.optimizer`
     from here on. `loss_fn(output, targets)` defaults to cross-entropy over the
     last dimension. `trainer.step(batch)` takes the *global* batch on every
-    rank (see `Trainer.shard`).
+    rank (see `Trainer.shard`). `lr_scheduler` (built on `optimizer`) is stepped
+    after every optimizer step and saved with checkpoints. `resume=path` loads a
+    checkpoint written by `trainer.save` under any strategy and world size.
     """
     cfg = _resolve_config(config)
     ctx = current_context()
@@ -64,14 +69,40 @@ def prepare(
         )
     if optimizer is None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if lr_scheduler is not None and getattr(lr_scheduler, "optimizer", None) is not optimizer:
+        raise MpnbError("lr_scheduler must be built on the optimizer passed to mpnb.prepare "
+                        "(e.g. torch.optim.lr_scheduler.LambdaLR(optimizer, ...)).")
+    if resume is not None:
+        from mpnb.checkpoints.format import read_manifest
+
+        read_manifest(resume)  # a wrong path fails here, before the model is wrapped
     module = importlib.import_module(STRATEGY_MODULES[Strategy(cfg.strategy)])
     # the chart's line for this model, now rather than after a slow prepare, while the model is whole
     monitor.announce_estimate(_estimate_totals(model, cfg, ctx.world_size))
     total_parameters = count_parameters(model.parameters()).total  # a pipeline stage keeps only its part
     trainer = module.prepare(model, optimizer, cfg, dims, ctx, loss_fn)
     trainer.total_parameters = total_parameters
+    trainer.lr_scheduler = _bind_scheduler(lr_scheduler, optimizer, trainer.optimizer)
     state.set_active_trainer(trainer)
+    if resume is not None:
+        trainer.load(resume)
     return trainer
+
+
+def _bind_scheduler(scheduler: Any, original: torch.optim.Optimizer, used: Any) -> Any:
+    """Point the scheduler at the optimizer the strategy steps (fsdp, tensor, pipeline rebuild it)."""
+    if scheduler is None or used is None or _same_groups(original, used):
+        return scheduler
+    for group, old in zip(used.param_groups, original.param_groups, strict=False):
+        group["initial_lr"] = old.get("initial_lr", old["lr"])
+        group["lr"] = old["lr"]
+    scheduler.optimizer = used
+    return scheduler
+
+
+def _same_groups(a: Any, b: Any) -> bool:
+    return len(a.param_groups) == len(b.param_groups) and all(
+        x is y for x, y in zip(a.param_groups, b.param_groups, strict=True))
 
 
 def _estimate_totals(model: nn.Module, cfg: Config, world_size: int) -> dict[int, int] | None:

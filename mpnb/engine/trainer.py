@@ -23,6 +23,7 @@ global batch), the same float on every rank.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -32,6 +33,7 @@ from torch import nn
 
 from mpnb.engine.activations import ActivationTracker
 from mpnb.engine.batches import LABELS, LossFn, check_batch, cross_entropy, is_dict_batch, model_loss
+from mpnb.engine.checkpoint.trainer_methods import TrainerCheckpoints
 from mpnb.engine.param_counts import ParameterCounts, count_parameters, held_as
 from mpnb.errors import MpnbError
 from mpnb.planning.config import Config
@@ -101,7 +103,7 @@ def move(x: Any, device: torch.device, float_dtype: torch.dtype | None = None) -
     return x
 
 
-class Trainer:
+class Trainer(TrainerCheckpoints):
     """Forward, backward and optimizer step for one prepared model on this rank.
 
     Attributes: `model` (the wrapped model: DDP, FSDP2-sharded, TP-parallelised,
@@ -141,6 +143,7 @@ class Trainer:
         self.activation_tracker = ActivationTracker()  # saved-for-backward bytes, for the memory chart
         self.autocast_dtype = autocast_dtype
         self._scaler = torch.amp.GradScaler(self.device.type) if config.precision == "fp16" else None
+        self.lr_scheduler: Any = None  # stepped after each optimizer step; set by prepare(lr_scheduler=...)
 
     # ---- data ------------------------------------------------------------------------------------
     def shard(self, batch: Batch) -> Batch:
@@ -172,6 +175,10 @@ class Trainer:
         with self.activation_tracker.step(self.steps):
             local = self._train_step(inputs, targets)
         self.steps += 1
+        if self.lr_scheduler is not None:
+            with warnings.catch_warnings():  # a rebuilt optimizer lacks the wrapper the scheduler looks for
+                warnings.simplefilter("ignore", UserWarning)
+                self.lr_scheduler.step()
         return self._global_mean(local)
 
     @torch.no_grad()
@@ -283,12 +290,11 @@ class Trainer:
             "buffers": self._buffer_bytes(),
         }
 
-    # ---- checkpoints -----------------------------------------------------------------------------
+    # ---- checkpoints in memory (small models; TrainerCheckpoints writes sharded ones to disk) ------
     def state_dict(self) -> dict[str, Any]:
         """Full (unsharded) model and optimizer state keyed by parameter names, on every rank.
 
-        The names are those of the unwrapped model, so the dict loads under any
-        other strategy (`load_state_dict`); save it with `torch.save` from rank 0.
+        Gathers everything onto every rank: for small models. `save` writes shards instead.
         """
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,

@@ -1,0 +1,174 @@
+"""`trainer.load(path)`: fill a prepared trainer from a checkpoint written under any strategy and world size.
+
+Each rank asks DCP for exactly the pieces it holds now (its FSDP shard, its
+ZeRO partition, its pipeline stage's names), wherever they were written; DCP
+reads the overlapping parts of the saved chunks. Before reading anything the
+checkpoint's names and shapes are compared with the model's on every rank, so a
+checkpoint of another model fails the same way everywhere, naming the first
+differences, and the engines stay usable.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mpnb.checkpoints import format as fmt
+from mpnb.engine.checkpoint import rng
+from mpnb.engine.checkpoint.collective import (
+    agree,
+    distributed,
+    failure_text,
+    from_rank0,
+    gather,
+    rank,
+    single_process_quiet,
+    world,
+)
+from mpnb.errors import CheckpointError
+
+SHOWN = 5  # mismatching names listed in an error
+
+
+def load(trainer: Any, path: str | os.PathLike[str], *, optimizer: bool = True) -> dict[str, Any]:
+    """Load model, optimizer state (unless `optimizer=False`), step, scheduler, RNG; returns the manifest."""
+    from torch.distributed.checkpoint import load as dcp_load
+
+    trainer.wait_for_save()
+    root = Path(from_rank0(str(Path(path).absolute())))
+    manifest, error = None, None
+    try:
+        manifest = _complete_manifest(root)
+    except CheckpointError as e:
+        error = str(e)
+    agree(error)
+    assert manifest is not None
+    damage = _damage_report(root, manifest)
+    if damage:  # every rank gathered the same report
+        raise CheckpointError(damage)
+    state = trainer.checkpoint_state()
+    groups = state.get("optim", {}).pop("param_groups", [])
+    if not optimizer or trainer.optimizer is None:
+        state.pop("optim", None)
+    agree(_mismatch(_live_shapes(state), manifest, root, optimizer))
+    try:
+        with single_process_quiet():
+            dcp_load(state, checkpoint_id=root, no_dist=not distributed())
+    except (Exception, _checkpoint_exception()) as e:
+        raise CheckpointError(
+            f"Reading the checkpoint at {root} failed ({failure_text(e)}): a file is damaged or unreadable. "
+            "Resume from an earlier checkpoint; the model was not changed where the read failed."
+        ) from None
+    if "optim" in state:
+        _restore_hyperparameters(trainer.optimizer, groups, manifest["param_groups"])
+        state["optim"]["param_groups"] = groups
+    trainer.finish_checkpoint_load(state)
+    _restore_extras(trainer, root, manifest, optimizer)
+    trainer.steps = manifest["step"]
+    return manifest
+
+
+def _complete_manifest(root: Path) -> dict[str, Any]:
+    manifest = fmt.read_manifest(root)
+    problems = fmt.missing_or_short_files(root, manifest)
+    if problems:
+        raise CheckpointError(_damaged(root, problems))
+    return manifest
+
+
+def _damage_report(root: Path, manifest: dict[str, Any]) -> str | None:
+    """Every file's CRC-32 checked once, the files split among the ranks; the same report on all."""
+    mine = [f for f in fmt.listed_files(manifest) if f[0] % world() == rank()]  # each its own files first
+    problems = [p for part in gather(fmt.corrupted_files(root, mine)) for p in part]
+    if not problems:
+        return None
+    return _damaged(root, problems)
+
+
+def _damaged(root: Path, problems: list[str]) -> str:
+    more = f" and {len(problems) - SHOWN} more" if len(problems) > SHOWN else ""
+    return (f"The checkpoint at {root} is damaged: {'; '.join(problems[:SHOWN])}{more}. "
+            "Resume from an earlier checkpoint.")
+
+
+def _checkpoint_exception() -> type[BaseException]:
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return CheckpointException
+
+
+def flat_keys(state: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """DCP's flattened names ("model.fc1.weight") for the leaves of a nested state dict."""
+    out: dict[str, Any] = {}
+    for k, v in state.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flat_keys(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _live_shapes(state: dict[str, Any]) -> dict[str, list[int] | None]:
+    return {k: list(v.shape) if hasattr(v, "shape") else None for k, v in flat_keys(state).items()}
+
+
+def _mismatch(live_here: dict[str, list[int] | None], manifest: dict[str, Any], root: Path,
+              optimizer: bool) -> str | None:
+    """Names or shapes the model has and the checkpoint lacks (or the other way), over all ranks."""
+    live: dict[str, list[int] | None] = {}
+    for part in gather(live_here):  # a pipeline stage holds only its names: compare the whole model
+        live.update(part)
+    saved = manifest["tensors"]
+    model_saved = {k for k in saved if k.startswith(fmt.MODEL_PREFIX)}
+    model_live = {k for k in live if k.startswith(fmt.MODEL_PREFIX)}
+    problems = [f"{_short(k)} is not in the checkpoint" for k in sorted(model_live - model_saved)]
+    problems += [f"the checkpoint's {_short(k)} is not in the model"
+                 for k in sorted(model_saved - model_live)]
+    for k in sorted(model_live & model_saved):
+        if live[k] is not None and list(live[k]) != saved[k]["shape"]:
+            problems.append(f"{_short(k)} is {tuple(saved[k]['shape'])} in the checkpoint, "
+                            f"{tuple(live[k])} in the model")
+    if problems:
+        more = f" and {len(problems) - SHOWN} more" if len(problems) > SHOWN else ""
+        return (f"The checkpoint at {root} does not fit this model ({manifest['model_class']} was saved): "
+                f"{'; '.join(problems[:SHOWN])}{more}. Build the same model as the one saved (same class "
+                "and sizes) before loading.")
+    if optimizer:
+        missing = sorted(k for k in live if k.startswith(fmt.OPTIM_PREFIX) and k not in saved)
+        if missing:
+            return (f"The checkpoint at {root} has no optimizer state for {_short(missing[0])} "
+                    f"({len(missing)} entries missing: another optimizer?). Use the optimizer it was saved "
+                    "with, or load the weights only: trainer.load(path, optimizer=False).")
+    return None
+
+
+def _short(key: str) -> str:
+    return key.removeprefix(fmt.MODEL_PREFIX)
+
+
+def _restore_hyperparameters(optimizer: Any, groups: list[dict[str, Any]],
+                             saved: list[dict[str, Any]]) -> None:
+    """The learning rate and the rest as saved (a scheduler may have changed them), group by group."""
+    if len(saved) != len(groups):
+        return  # other grouping: keep the live optimizer's own settings
+    live_groups = getattr(optimizer, "param_groups", [])
+    for group, live, values in zip(groups, live_groups, saved, strict=False):
+        for key, value in values.items():
+            if key in group and isinstance(value, (int, float, list, bool)):
+                restored = tuple(value) if isinstance(group[key], tuple) else value
+                group[key] = restored
+                live[key] = restored
+
+
+def _restore_extras(trainer: Any, root: Path, manifest: dict[str, Any], optimizer: bool) -> None:
+    me = rank()
+    rng_path = root / fmt.rng_file(me)
+    if manifest["world_size"] == world() and rng_path.is_file():  # other world sizes: ranks' streams differ
+        rng.restore(torch.load(rng_path, weights_only=False))
+    scheduler = getattr(trainer, "lr_scheduler", None)
+    if optimizer and scheduler is not None and manifest.get("scheduler"):
+        scheduler.load_state_dict(torch.load(root / fmt.SCHEDULER, weights_only=False))
