@@ -175,7 +175,7 @@ class ZeroTrainer(Trainer):
         opt = self.optimizer
         has_state = any(torch.is_tensor(v) and v.numel() > 1
                         for st in inner.state.values() for v in st.values())
-        if not has_state and inner is not opt:
+        if not has_state:  # stage 0 in fp32 too: no wrapper, the torch optimizer owns the params
             # stage 3 hands its fp32 partitions to the torch optimizer only for the duration of a step
             fill = getattr(opt, "_set_fp32_optimizer_param_groups", None)
             if fill is not None:
@@ -287,6 +287,18 @@ class ZeroTrainer(Trainer):
             self._set_step(inner, saved_state)
             self._refresh_low_precision(params, model_sd)
         self.steps = sd.get("steps", 0)
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """This rank's fp32 partitions (stages 1-3) or whole fp32 tensors (stage 0), as views."""
+        from mpnb.engine.checkpoint.zero_state import zero_checkpoint_state
+
+        self._link_optimizer_state()
+        return zero_checkpoint_state(self, self._masters())
+
+    def finish_checkpoint_load(self, state: dict[str, Any]) -> None:
+        from mpnb.engine.checkpoint.zero_state import zero_finish_load
+
+        zero_finish_load(self, state, self._masters())
 
     @staticmethod
     def _set_step(inner: Optimizer, saved_state: dict[str, dict[str, Any]]) -> None:
