@@ -39,6 +39,9 @@ _LAZY: dict[str, str] = {
     "config_panel": "mpnb.widgets.panel",
     "memory_plot": "mpnb.monitoring.chart",
     "memory_report": "mpnb.monitoring.report",
+    # checkpoints, read in the kernel (torch only for an export)
+    "checkpoint_info": "mpnb.checkpoints.info",
+    "export_checkpoint": "mpnb.checkpoints.export",
     # engine side (imports torch)
     "prepare": "mpnb.engine.prepare",
     "Trainer": "mpnb.engine.trainer",
@@ -56,9 +59,11 @@ __all__ = [
     "Session",
     "Trainer",
     "__version__",
+    "checkpoint_info",
     "config_panel",
     "connect",
     "estimate",
+    "export_checkpoint",
     "load_ipython_extension",
     "memory_plot",
     "memory_report",
@@ -94,6 +99,8 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from mpnb.checkpoints.export import export_checkpoint
+    from mpnb.checkpoints.info import checkpoint_info
     from mpnb.cluster.lifecycle import connect, restart, start, stop
     from mpnb.cluster.session import Session, session
     from mpnb.engine.control import should_stop

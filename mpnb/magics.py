@@ -34,7 +34,9 @@ MPNB_USAGE = """\
 %mpnb push NAME
 %mpnb run [--keep] [--timeout S] [--output MODE] [--quiet|--verbose] [--no-monitor] SCRIPT [ARGS...]
     (runs a torchrun script on every rank, as torchrun would; --keep merges its globals into the
-    engines' namespace, like IPython's %run)"""
+    engines' namespace, like IPython's %run)
+%mpnb checkpoint info PATH [--verify] | list [DIR]
+%mpnb checkpoint save PATH [--background] | load PATH [--no-optimizer]"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -83,6 +85,12 @@ def _build_parsers() -> dict[str, _Parser]:
     run.add_argument("--no-monitor", action="store_true", help="no live memory chart under this run")
     run.add_argument("script", help="the script, relative to the notebook's directory")
     run.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments, passed on verbatim")
+    ckpt = p["checkpoint"] = _parser("checkpoint")
+    ckpt.add_argument("action", choices=("info", "list", "save", "load"))
+    ckpt.add_argument("path", nargs="?", default=None, help="the checkpoint (list: the folder to look in)")
+    ckpt.add_argument("--verify", action="store_true", help="info: also compare every file's CRC-32")
+    ckpt.add_argument("--background", action="store_true", help="save: write while training goes on")
+    ckpt.add_argument("--no-optimizer", action="store_true", help="load: the weights only")
     return p
 
 
@@ -105,6 +113,8 @@ class MpnbMagics(Magics):
         %mpnb pull NAME [--rank R]
         %mpnb push NAME
         %mpnb run [--keep] [--timeout S] [--output MODE] [--quiet|--verbose] [--no-monitor] SCRIPT [ARGS...]
+        %mpnb checkpoint info PATH [--verify] | list [DIR]
+        %mpnb checkpoint save PATH [--background] | load PATH [--no-optimizer]
 
         `%mpnb run` runs a torchrun-style script on every rank, as `torchrun --nproc_per_node N` would;
         everything after the script's path is its arguments. `--keep` merges the script's globals into
@@ -242,6 +252,13 @@ class MpnbMagics(Magics):
             verbose=args.verbose,
             monitor=not args.no_monitor,
         )
+
+    def _cmd_checkpoint(self, args: argparse.Namespace) -> Any:
+        from mpnb.checkpoints.magic import checkpoint_command
+
+        return checkpoint_command(args.action, args.path, verify=args.verify, background=args.background,
+                                  optimizer=not args.no_optimizer,
+                                  execution_count=getattr(self.shell, "execution_count", None))
 
     # ------------------------------------------------------------------ %%distributed
     @magic_arguments()
