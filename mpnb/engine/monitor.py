@@ -64,23 +64,24 @@ def set_busy(busy: bool) -> None:
     """Mark this rank busy/idle by hand (e.g. around work run with `apply`)."""
     global _busy_flag
     _busy_flag = bool(busy)
-    _wake()
+    wake()
 
 
 def _on_pre_execute(*_: Any) -> None:
     global _executing
     _executing = True
     reset_peak()  # each cell gets its own peak
-    _wake()
+    wake()
 
 
 def _on_post_execute(*_: Any) -> None:
     global _executing
     _executing = False
-    _wake()
+    wake()
 
 
-def _wake() -> None:
+def wake() -> None:
+    """Have the sampler look now for a new estimate or announcement instead of at its next tick."""
     sampler = _sampler
     if sampler is not None:
         sampler.wake.set()
@@ -101,17 +102,9 @@ def build_sample(reader: MemoryReader, rank: int, busy: bool, parts: dict[str, i
     """One sample in the format of docs/internals.md ("Memory samples")."""
     reading = reader.read()
     return make_sample(
-        rank=rank,
-        t=time.time(),
-        busy=busy,
-        device_kind=reading.device_kind,
-        used=reading.used,
-        reserved=reading.reserved,
-        peak=reading.peak,
-        capacity=reading.capacity,
-        device_used=reading.device_used,
-        oom_count=reading.oom_count,
-        parts=parts,
+        rank=rank, t=time.time(), busy=busy, device_kind=reading.device_kind, used=reading.used,
+        reserved=reading.reserved, peak=reading.peak, capacity=reading.capacity,
+        device_used=reading.device_used, oom_count=reading.oom_count, parts=parts,
     )
 
 
@@ -126,7 +119,7 @@ def announce_estimate(per_rank: dict[int, int] | None) -> None:
     model before ZeRO-3 or FSDP shard it or a pipeline keeps one stage; None clears the line.
     """
     state.set_estimate(per_rank)
-    _wake()
+    wake()
 
 
 class Sampler(threading.Thread):
@@ -188,12 +181,12 @@ class Sampler(threading.Thread):
         except Exception:  # zmq.Again: the kernel is not reading; drop rather than block the engine
             self.errors += 1
 
-    def _send_estimate(self, socket: Any, signer: Signer) -> None:
+    def _send_extra(self, socket: Any, signer: Signer, content: dict[str, Any]) -> None:
         import zmq
 
-        try:  # {} clears the kernel's line: a model mpnb.estimate cannot read
-            socket.send(signer.packed(MSG_TYPE, estimate_content(state.estimate or {})), zmq.NOBLOCK)
-        except Exception:  # no estimate is better than no samples
+        try:
+            socket.send(signer.packed(MSG_TYPE, content), zmq.NOBLOCK)
+        except Exception:  # no estimate line or checkpoint row is better than no samples
             self.errors += 1
 
     def run(self) -> None:
@@ -225,9 +218,11 @@ class Sampler(threading.Thread):
                     continue
                 busy = is_busy()
                 now = time.monotonic()
-                if state.estimate_version != estimated:
+                if state.estimate_version != estimated:  # {} clears the kernel's line (no estimate)
                     estimated = state.estimate_version
-                    self._send_estimate(socket, signer)
+                    self._send_extra(socket, signer, estimate_content(state.estimate or {}))
+                while state.announcements:  # finished checkpoints (mpnb.engine.checkpoint.announce)
+                    self._send_extra(socket, signer, state.announcements.popleft())
                 trainer = state.active_trainer()
                 # Walking every tensor costs ~0.4 ms on a small model, half the sampler's cost at a
                 # fixed 0.5 s: refresh it at most every `parts_wait`, which grows while nothing changes,

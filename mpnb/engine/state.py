@@ -8,6 +8,7 @@ machinery read it.
 from __future__ import annotations
 
 import weakref
+from collections import deque
 from typing import Any
 
 rank: int = 0
@@ -51,3 +52,8 @@ def set_estimate(per_rank: dict[int, int] | None) -> None:
     global estimate, estimate_version
     estimate = dict(per_rank) if per_rank else None
     estimate_version += 1
+
+
+# Messages for the kernel besides samples (a finished checkpoint, from rank 0), sent in order by
+# the memory sampler (`monitor.wake()` makes it look at once); bounded if no sampler drains them.
+announcements: deque[dict[str, Any]] = deque(maxlen=64)

@@ -209,12 +209,15 @@ class MonitorChannel:
         """The valid samples in one message, or [] (and a count in `dropped`) if it is not authentic.
 
         A message may also carry the estimate for the rank's new Trainer, which goes
-        to `store.set_estimate`. Samples with bad fields are counted in `invalid`.
+        to `store.set_estimate`, or a finished checkpoint (`store.add_checkpoint`).
+        Samples with bad fields are counted in `invalid`.
         """
         try:
             decoded = protocol.decode(verifier, frames)
             if decoded.estimate is not None:
                 self.store.set_estimate(decoded.estimate)
+            if decoded.checkpoint is not None:
+                self.store.add_checkpoint(decoded.checkpoint)
         except Exception:
             self.dropped += 1
             return []

@@ -2,12 +2,12 @@
 
 The extension opens the comm when it connects to a kernel (and after a page
 reload); we answer at once with a `state` message and then push updates:
-`state` on every session change (start, stop, restart, config, cell state) and
-`samples` with the session's memory samples, batched to at most
-`SENDS_PER_SECOND` messages. A `log` request gets the end of one rank's engine
-log (`log_reply`). When `%load_ext mpnb` runs after the page
-connected, we open a comm toward the frontend ourselves, so the sidebar wakes
-up without a reload. Protocol: docs/internals.md ("Dashboard comm").
+`state` on every session change (start, stop, restart, config, cell state, a
+checkpoint saved: its `checkpoints` list, newest last) and `samples` with the
+session's memory samples, batched to at most `SENDS_PER_SECOND` messages. A
+`log` request gets the end of one rank's engine log (`log_reply`). When
+`%load_ext mpnb` runs after the page connected, we open a comm toward the
+frontend ourselves, so the sidebar wakes up without a reload. Protocol: docs/internals.md ("Dashboard comm").
 
 Threads: `on_change` listeners run on the kernel thread; memory batches arrive
 on the monitor's receiver thread; comm opens may arrive on a kernel subshell
@@ -53,6 +53,7 @@ class Dashboard:
         self._last_notebook_cell: str | None = None
         self._pending: list[Sample] = []
         self._estimate_sent: dict[str, int] = {}  # the estimate line the last state message carried
+        self._checkpoints_sent = -1  # the store's checkpoints_version the last state message carried
         self._cond = threading.Condition()
         self._closed = False
         self._flusher = threading.Thread(target=self._flush_loop, name="mpnb-dashboard", daemon=True)
@@ -132,7 +133,8 @@ class Dashboard:
 
         sess = cluster.current()
         if sess is None:
-            return {"type": "state", "cluster": None, "strategy": "", "cell": None, "estimate": {}}
+            return {"type": "state", "cluster": None, "strategy": "", "cell": None, "estimate": {},
+                    "checkpoints": []}
         ranks = self._rank_rows(sess)
         cell = self._cell(sess)
         running = {int(r) for r, s in (cell or {}).get("ranks", {}).items() if s == "running"}
@@ -140,12 +142,14 @@ class Dashboard:
         for row in ranks:
             row["busy"] = bool(row.get("busy")) or row["rank"] in running or latest.get(row["rank"], False)
         self._estimate_sent = estimate_json(getattr(sess.memory, "estimate", None))
+        self._checkpoints_sent = sess.memory.checkpoints_version
         return {
             "type": "state",
             "cluster": {"ranks": ranks, "backend": sess.backend, "world_size": sess.world_size},
             "strategy": _strategy_line(sess),
             "cell": cell,
             "estimate": self._estimate_sent,
+            "checkpoints": sess.memory.checkpoints(),
         }
 
     def _rank_rows(self, sess: Any) -> list[dict[str, Any]]:
@@ -251,8 +255,10 @@ class Dashboard:
                 batch, self._pending = self._pending, []
             self._broadcast({"type": "samples", "samples": batch})
             sess = self._followed
-            if sess is not None and estimate_json(sess.memory.estimate) != self._estimate_sent:
-                self._broadcast(self.state())  # mpnb.prepare announced a new estimate line mid-cell
+            if sess is not None and (estimate_json(sess.memory.estimate) != self._estimate_sent
+                                     or sess.memory.checkpoints_version != self._checkpoints_sent):
+                # mpnb.prepare announced a new estimate line mid-cell, or a save finished
+                self._broadcast(self.state())
             time.sleep(interval)
 
     def _send_backlog(self, comm: Any) -> None:

@@ -6,7 +6,8 @@ checks and reads them back with `decode`. A message is a `jupyter_client.Session
 message (HMAC over header, parent, metadata and content with the cluster's key) of
 type `MSG_TYPE`, its frames joined by `FRAME_SEPARATOR` into one. Its content is
 `{"samples": [sample, ...]}`, plus `"estimate": {str(rank): bytes}` once for each
-new Trainer. Sample fields: docs/internals.md ("Memory samples").
+new Trainer, or `"checkpoint": record` from rank 0 once for each finished save
+(`checkpoint_content`). Sample fields: docs/internals.md ("Memory samples").
 
 The kernel (`Verifier`) checks the HMAC before it parses anything, then requires each
 sender's message counter to grow (a replay carries an old one), then checks every
@@ -121,6 +122,43 @@ def estimate_content(totals: dict[int, int]) -> dict[str, Any]:
     return {"samples": [], "estimate": estimate_json(totals)}
 
 
+# A finished save as the sidebar lists it: where, at which step, under what, how big, how long, when.
+# `label` is the strategy as the status bar names it ("ZeRO-2"); `t` is when the save finished.
+CHECKPOINT_KEYS = ("path", "step", "strategy", "label", "world_size", "bytes", "seconds", "t")
+MAX_PATH_CHARS = 4096
+_MAX_NAME_CHARS = 200
+
+
+def checkpoint_content(record: dict[str, Any]) -> dict[str, Any]:
+    """The message that tells the kernel about one checkpoint written on the engines."""
+    return {"samples": [], "checkpoint": record}
+
+
+def _text(value: Any, limit: int) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= limit and "\x00" not in value
+
+
+def _seconds(value: Any, high: float) -> bool:
+    return type(value) in (int, float) and 0 <= value < high  # NaN compares False: refused
+
+
+def valid_checkpoint(record: Any) -> dict[str, Any] | None:
+    """The record with only its known fields if each has the right type and range, else None."""
+    if not isinstance(record, dict) or not all(key in record for key in CHECKPOINT_KEYS):
+        return None
+    ok = (
+        _text(record["path"], MAX_PATH_CHARS)
+        and _text(record["strategy"], _MAX_NAME_CHARS)
+        and _text(record["label"], _MAX_NAME_CHARS)
+        and _int_in(record["step"], 0, _MAX_COUNT)
+        and _int_in(record["world_size"], 1, MAX_RANK + 1)
+        and _int_in(record["bytes"], 0, _MAX_COUNT)
+        and (record["seconds"] is None or _seconds(record["seconds"], _MAX_TIME))
+        and _seconds(record["t"], _MAX_TIME)
+    )
+    return {key: record[key] for key in CHECKPOINT_KEYS} if ok else None
+
+
 class Signer:
     """Builds signed messages in `jupyter_client.Session`'s wire format, cheaply.
 
@@ -210,11 +248,12 @@ def valid_estimate(estimate: Any) -> dict[int, int] | None:
 
 @dataclass
 class Decoded:
-    """What one authentic message brings: valid samples, the estimate or None, and what was refused."""
+    """What one authentic message brings: valid samples, the estimate, the checkpoint, what was refused."""
 
     samples: list[Sample]
     estimate: dict[int, int] | None = None
-    invalid: int = 0  # samples (and a bad estimate) dropped for a wrong type or range
+    checkpoint: dict[str, Any] | None = None
+    invalid: int = 0  # samples (and a bad estimate or checkpoint) dropped for a wrong type or range
 
 
 class Verifier:
@@ -267,7 +306,7 @@ class Verifier:
 
 
 def decode(verifier: Verifier, frames: Sequence[bytes]) -> Decoded:
-    """The valid samples and the estimate in one message; raises if it is not authentic.
+    """The valid samples, estimate and checkpoint in one message; raises if it is not authentic.
 
     Any exception means: drop the whole message. A signed message with bad fields
     loses only those samples (counted in `Decoded.invalid`).
@@ -282,4 +321,7 @@ def decode(verifier: Verifier, frames: Sequence[bytes]) -> Decoded:
     if content.get("estimate") is not None:
         out.estimate = valid_estimate(content["estimate"])
         out.invalid += out.estimate is None
+    if content.get("checkpoint") is not None:
+        out.checkpoint = valid_checkpoint(content["checkpoint"])
+        out.invalid += out.checkpoint is None
     return out

@@ -1,7 +1,9 @@
 """`MemoryStore`: the kernel's bounded history of memory samples per rank (`Session.memory`).
 
 The side channel's receiver thread adds batches; charts, the report and the
-dashboard read the history and subscribe to new batches. Standard library only:
+dashboard read the history and subscribe to new batches. It also keeps the
+checkpoints the engines saved in this session (`checkpoints()`), which the
+sidebar and `%mpnb checkpoint list` show. Standard library only:
 `mpnb.cluster.session` imports this module, so it must not import the cluster.
 """
 
@@ -12,6 +14,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from mpnb.monitoring.protocol import CATEGORIES, Sample
 
@@ -19,6 +22,9 @@ log = logging.getLogger(__name__)
 
 # 10 minutes at 10 Hz, with room for bursts
 DEFAULT_MAX_SAMPLES = 7200
+# Checkpoints remembered per session (one per path); a loop that saves every K steps to new paths
+# forever keeps the newest.
+MAX_CHECKPOINTS = 200
 # Per rank, the fields whose largest value `peaks` reports.
 PEAK_KEYS = (*CATEGORIES, "used", "peak", "reserved", "device_used", "capacity", "oom_count")
 
@@ -32,6 +38,9 @@ class MemoryStore:
         self.max_samples_per_rank = max_samples_per_rank
         # rank -> total bytes predicted by mpnb.estimate, drawn as a dashed line; None if unknown
         self.estimate: dict[int, int] | None = None
+        # Grows with each checkpoint added, so the dashboard sends a new list exactly once.
+        self.checkpoints_version = 0
+        self._checkpoints: dict[str, dict[str, Any]] = {}  # path -> record, oldest first
         self._history: dict[int, deque[Sample]] = {}
         self._subscribers: list[Subscriber] = []
         self._lock = threading.Lock()
@@ -61,6 +70,22 @@ class MemoryStore:
         estimate (a pipeline stage). Open charts pick it up with their next batch.
         """
         self.estimate = dict(per_rank) if per_rank else None
+
+    def add_checkpoint(self, record: dict[str, Any]) -> None:
+        """Remember a finished save (`protocol.valid_checkpoint`'s fields); the same path again
+        replaces the older record and moves to the end."""
+        with self._lock:
+            self._checkpoints.pop(record["path"], None)
+            self._checkpoints[record["path"]] = dict(record)
+            while len(self._checkpoints) > MAX_CHECKPOINTS:
+                del self._checkpoints[next(iter(self._checkpoints))]
+            self.checkpoints_version += 1
+
+    def checkpoints(self) -> list[dict[str, Any]]:
+        """The checkpoints saved in this session, one per path, newest last: path, step, strategy,
+        label (e.g. "ZeRO-2"), world_size, bytes (all ranks' files), seconds (the save), t (when done)."""
+        with self._lock:
+            return [dict(r) for r in self._checkpoints.values()]
 
     def subscribe(self, callback: Subscriber) -> Callable[[], None]:
         """Call `callback(batch)` for every new batch; returns the function that unsubscribes."""

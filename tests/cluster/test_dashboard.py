@@ -146,7 +146,8 @@ def test_load_ext_announces_itself_and_answers_opens_and_refresh(probe: KernelPr
     assert len(opened) == 1, "the kernel opens one comm toward frontends already connected"
     assert opened[0]["content"]["target_name"] == TARGET
     announced = opened[0]["content"]["data"]
-    assert announced == {"type": "state", "cluster": None, "strategy": "", "cell": None, "estimate": {}}
+    assert announced == {"type": "state", "cluster": None, "strategy": "", "cell": None, "estimate": {},
+                         "checkpoints": []}
 
     comm_id = probe.open_comm()
     state = probe.wait_comm(comm_id, is_state, 20, start)

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import zmq
@@ -382,6 +383,40 @@ def test_a_pipeline_stage_sends_the_estimate_for_the_whole_model(sess):
     predicted = estimate(tiny_gpt(), cfg, 2).by_rank()
     assert wait_for(lambda: sess.memory.estimate is not None, 5)
     assert sess.memory.estimate == predicted and predicted[0] != predicted[1]  # one line per stage
+
+
+def test_saved_checkpoints_reach_the_kernels_list(sess, tmp_path):
+    """Rank 0 announces each finished save over the side channel: the sidebar's list (issue 17, item 5)."""
+    from mpnb.checkpoints.format import MANIFEST
+    from mpnb.planning.config import Config
+
+    first, second = tmp_path / "step-2", tmp_path / "step-3"
+    cfg = Config(strategy="zero", zero_stage=2, micro_batch_size=4)
+    before = time.time()
+    sess.view().execute(
+        "import torch, mpnb\nfrom mpnb.models import tiny_gpt, synthetic_batches\nmodel = tiny_gpt()\n"
+        "trainer = mpnb.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3), "
+        f"config={cfg.to_dict()!r})\n"
+        "batches = iter(synthetic_batches(batch_size=8, steps=3))\n"
+        "for _ in range(2):\n    trainer.step(next(batches))\n"
+        f"trainer.save({str(first)!r})\n"
+        "trainer.step(next(batches))\n"
+        f"trainer.save({str(second)!r}, blocking=False).wait()\n"  # finishes on the save's own thread
+        f"trainer.save({str(first)!r})\n",  # the same path again: one row, now the newest
+        block=True,
+    ).get()
+
+    def listed() -> list[tuple[str, int]]:
+        return [(c["path"], c["step"]) for c in sess.memory.checkpoints()]
+
+    want = [(str(second), 3), (str(first), 3)]
+    assert wait_for(lambda: listed()[-2:] == want, 5), listed()
+    for record in sess.memory.checkpoints()[-2:]:
+        manifest = json.loads(Path(record["path"], MANIFEST).read_text())
+        on_disk = sum(f["bytes"] for r in manifest["ranks"] for f in r["files"].values())
+        assert record["bytes"] == on_disk > 0
+        assert (record["strategy"], record["label"], record["world_size"]) == ("zero", "ZeRO-2", 2)
+        assert 0 < record["seconds"] < 60 and before < record["t"] <= time.time()
 
 
 def test_set_busy_switches_to_the_busy_rate_for_apply_work(sess):

@@ -102,3 +102,27 @@ def test_untagged_cells_never_borrow_another_cells_id(ipython: Any, frontend: Re
     state = later.cells()[0]
     assert state["id"] == "5" and "notebook_cell_id" not in state
     assert "label" not in state  # not a file name: dropped, the frontend shows a cell
+
+
+def test_a_saved_checkpoint_reaches_the_frontend_in_the_next_state(frontend: RecordingComm) -> None:
+    """The receiver thread stores a checkpoint; the flush after the next samples sends the list once."""
+    import time
+
+    from tests.helpers import wait_for
+
+    sess = cluster.session()
+    assert frontend.sent[0]["checkpoints"] == []  # the answer to the open: nothing saved yet
+    sess.notify("start")  # as the lifecycle does once the world is formed: the dashboard follows it
+    record = {"path": "/runs/step-4", "step": 4, "strategy": "fsdp", "label": "FSDP", "world_size": 2,
+              "bytes": 2048, "seconds": 0.3, "t": time.time()}
+    sess.memory.add_checkpoint(record)
+    sample = {"rank": 0, "t": time.time(), "used": 1, "busy": False}
+    sess.memory.add([sample])  # samples keep coming at >= 1 Hz; the dashboard looks then
+
+    def lists() -> list[list[dict[str, Any]]]:
+        return [m["checkpoints"] for m in frontend.sent if m.get("type") == "state"]
+
+    assert wait_for(lambda: lists()[-1] == [record], 3), lists()
+    sess.memory.add([{**sample, "t": time.time()}])
+    time.sleep(0.6)  # two flushes: the unchanged list is not sent again
+    assert sum(1 for listed in lists() if listed) == 1

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from mpnb.engine import monitor
+from mpnb.engine import monitor, state
 from mpnb.engine.readers import CpuReader, CudaReader, MemoryReading
 from mpnb.monitoring import channel as monitor_channel
 from mpnb.monitoring import protocol
@@ -257,3 +257,83 @@ def test_a_curve_channel_admits_only_allowed_keys():
             s.stop()
         channel.stop()
     assert not channel.running
+
+
+# -- checkpoints saved on the engines reach the kernel's list (issue 17, item 5)
+
+
+def _checkpoint(path: str = "/tmp/ckpt/step-4", **fields) -> dict:
+    record = {"path": path, "step": 4, "strategy": "zero", "label": "ZeRO-2", "world_size": 2,
+              "bytes": 123_456, "seconds": 0.25, "t": 1.7e9}
+    return {**record, **fields}
+
+
+def test_checkpoint_records_are_checked_like_samples():
+    verifier, signer = protocol.Verifier(KEY), protocol.Signer(KEY)
+    good = protocol.decode(verifier, [signer.packed(protocol.MSG_TYPE, protocol.checkpoint_content(
+        {**_checkpoint(seconds=None), "junk": "x"}))])
+    assert good.checkpoint == _checkpoint(seconds=None) and good.invalid == 0 and good.samples == []
+    bad_fields = [
+        {"path": ""}, {"path": 7}, {"path": "a\x00b"}, {"path": "x" * (protocol.MAX_PATH_CHARS + 1)},
+        {"step": -1}, {"step": 1.0}, {"world_size": 0}, {"world_size": True}, {"bytes": "1"},
+        {"seconds": float("nan")}, {"seconds": -1}, {"t": None}, {"strategy": ""}, {"label": None},
+    ]
+    for bad in bad_fields:
+        decoded = protocol.decode(verifier, [signer.packed(protocol.MSG_TYPE, protocol.checkpoint_content(
+            _checkpoint(**bad)))])
+        assert decoded.checkpoint is None and decoded.invalid == 1, bad
+    missing = {k: v for k, v in _checkpoint().items() if k != "bytes"}
+    assert protocol.valid_checkpoint(missing) is None and protocol.valid_checkpoint([1]) is None
+
+
+def test_the_store_keeps_one_checkpoint_per_path_newest_last(monkeypatch):
+    from mpnb.monitoring import store as store_mod
+
+    store = MemoryStore()
+    assert store.checkpoints() == [] and store.checkpoints_version == 0
+    store.add_checkpoint(_checkpoint("/a", step=1))
+    store.add_checkpoint(_checkpoint("/b", step=2))
+    store.add_checkpoint(_checkpoint("/a", step=3))  # saved again to the same path: one row, now newest
+    assert [(c["path"], c["step"]) for c in store.checkpoints()] == [("/b", 2), ("/a", 3)]
+    assert store.checkpoints_version == 3
+    store.checkpoints()[0]["step"] = 99  # a copy: callers cannot change the store
+    assert store.checkpoints()[0]["step"] == 2
+    monkeypatch.setattr(store_mod, "MAX_CHECKPOINTS", 2)
+    store.add_checkpoint(_checkpoint("/c", step=4))
+    assert [c["path"] for c in store.checkpoints()] == ["/a", "/c"]  # the oldest is forgotten
+
+
+def test_announce_checkpoint_goes_through_the_sampler_and_is_silent_without_one(tmp_path):
+    """rank 0's announce -> the engine's sampler -> the signed channel -> the store, in this process."""
+    import json
+
+    from mpnb.engine.checkpoint.announce import announce_checkpoint
+    from mpnb.planning.config import Config
+
+    written = tmp_path / "step-4"
+    written.mkdir()
+    config = Config(strategy="zero", zero_stage=2).to_dict()
+    (written / "mpnb.json").write_text(json.dumps({"config": config}))
+    record = {"path": str(written), "step": 4, "strategy": "zero", "world_size": 2, "seconds": 0.5,
+              "bytes": 4096}
+    store = MemoryStore()
+    channel = monitor_channel.MonitorChannel(store, KEY)
+    endpoint = channel.start()
+    monitor.start(endpoint, key=KEY, busy_hz=1, idle_hz=1, reader=CpuReader())
+    try:
+        before = time.time()
+        announce_checkpoint(record)
+        assert wait_for(lambda: store.checkpoints(), 3), "the checkpoint never reached the kernel's store"
+        got = store.checkpoints()[0]
+        assert {k: got[k] for k in record} == record
+        assert got["label"] == "ZeRO-2" and before <= got["t"] <= time.time()
+        announce_checkpoint({**record, "path": str(tmp_path / "gone"), "bytes": -1})  # dropped, not raised
+        announce_checkpoint({**record, "path": str(tmp_path / "gone"), "step": 5})  # no manifest: plain name
+        assert wait_for(lambda: len(store.checkpoints()) == 2, 3)
+        assert store.checkpoints()[-1]["label"] == "zero" and channel.dropped == 0
+    finally:
+        assert monitor.stop()
+        channel.stop()
+    announce_checkpoint(record)  # no sampler (one process, no cluster): nothing to tell, nothing raised
+    announce_checkpoint({"path": None})
+    assert not state.announcements

@@ -7,19 +7,23 @@
 import { expect, IJupyterLabPageFixture } from '@jupyterlab/galata';
 
 import { activateNotebook, gotoLab, openNotebook, runCell, runCommand, screenshot, stopCluster, test } from './helpers';
+import { cutLabels } from './layout';
 
 const SIDEBAR = '#mpnb-distributed-sidebar';
 const STATUS = '.mpnb-status-text';
 
-// Trains until stopped (or 3 minutes), the way DESIGN.md's loop does.
+// Trains until stopped (or 3 minutes), the way DESIGN.md's loop does, saving a checkpoint once
+// (rank 0's path counts: each rank makes a folder, rank 0's receives the checkpoint).
 const TRAIN = [
   '%%distributed',
-  'import time',
+  'import tempfile, time',
   'from mpnb.models import tiny_gpt, synthetic_batches',
   'trainer = mpnb.prepare(tiny_gpt())',
   'start = time.time()',
   'for step, batch in enumerate(synthetic_batches(steps=100_000)):',
   '    loss = trainer.step(batch)',
+  '    if step == 3:',
+  '        trainer.save(tempfile.mkdtemp(prefix="mpnb-e2e-") + "/step-4")',
   '    if mpnb.should_stop() or time.time() - start > 180:',
   '        break',
   'print(f"rank {rank} stopped at step {step}")'
@@ -72,6 +76,7 @@ test('sidebar, status bar, memory chart and stop on a 2-rank cluster', async ({ 
       await expect(rows.nth(0)).toContainText('cpu');
       await expect(sidebar.locator('.mpnb-strategy-line')).toContainText('DDP');
       await expect(status).toHaveText('mpnb · 2 ranks · DDP · idle');
+      await expect(sidebar.locator('.mpnb-checkpoints .mpnb-note')).toHaveText(/^No checkpoint saved in this session/);
     });
 
     await test.step('%%distributed training: marked cell, busy ranks, live memory for both ranks', async () => {
@@ -101,6 +106,21 @@ test('sidebar, status bar, memory chart and stop on a 2-rank cluster', async ({ 
       await activations.click();
     });
 
+    await test.step('the checkpoint the cell saved is listed under the chart', async () => {
+      const row = sidebar.locator('.mpnb-checkpoint-row');
+      await expect(row).toHaveCount(1, { timeout: 60_000 });
+      await expect(row.locator('.mpnb-checkpoint-name')).toHaveText('step-4');
+      await expect(row.locator('.mpnb-checkpoint-name')).toHaveAttribute('title', /^\/.*mpnb-e2e-.*\/step-4$/);
+      await expect(row.locator('.mpnb-checkpoint-step')).toHaveText(/^step\s4$/); // no-break spaces: each item stays whole
+      await expect(row.locator('.mpnb-checkpoint-layout')).toHaveText(/^DDP\s×\s2$/);
+      await expect(row.locator('.mpnb-checkpoint-size')).toHaveText(/^[\d.]+\s(KiB|MiB)$/);
+      await expect(row.locator('.mpnb-checkpoint-saved')).toHaveText(/^\d\d:\d\d:\d\d$/);
+      const texts = '.mpnb-checkpoint-name, .mpnb-checkpoint-saved, .mpnb-checkpoint-details';
+      expect(await cutLabels(sidebar, texts)).toEqual([]);
+      await row.scrollIntoViewIfNeeded();
+      await screenshot(page, 'e2e-1c-checkpoints');
+    });
+
     await test.step('"Stop All Ranks" from the notebook toolbar ends the running cell', async () => {
       await page.locator('.mpnb-toolbar-button').click();
       await page.locator('.lm-Menu-item', { hasText: 'Stop All Ranks' }).click();
@@ -128,6 +148,7 @@ test('sidebar, status bar, memory chart and stop on a 2-rank cluster', async ({ 
       await activateNotebook(page, `${tmpPath}/train.ipynb`);
       await runCommand(page, 'mpnb:open-dashboard');
       await expect(sidebar.locator('.mpnb-rank-row')).toHaveCount(2, { timeout: 60_000 });
+      await expect(sidebar.locator('.mpnb-checkpoint-row')).toHaveCount(1); // the kernel's list, sent again
       await expect(status).toHaveText('mpnb · 2 ranks · DDP · idle');
       await expect.poll(() => chartPoints(page, 0), { timeout: 30_000 }).toBeGreaterThan(2);
     });

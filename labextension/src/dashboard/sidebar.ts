@@ -1,11 +1,13 @@
 /**
  * The "Distributed" sidebar: the current notebook's cluster (ranks, strategy,
- * last distributed cell or `%mpnb run` script) and its live per-rank memory chart.
+ * last distributed cell or `%mpnb run` script, checkpoints saved in this session)
+ * and its live per-rank memory chart.
  */
 import type { CommandRegistry } from '@lumino/commands';
 import { Widget } from '@lumino/widgets';
 
 import { MemoryChart } from '../chart/chart';
+import { checkpointSection } from './checkpoints';
 import { CommandIDs } from './commands';
 import { DashboardConnection } from './connection';
 import { el, note, rankChips, wholeItems } from './dom';
@@ -23,6 +25,7 @@ export class DistributedSidebar extends Widget {
   private _stateNode: HTMLElement;
   private _memoryNode: HTMLElement;
   private _chartHost: HTMLElement;
+  private _checkpointsNode: HTMLElement;
 
   constructor(
     private _commands: CommandRegistry,
@@ -42,7 +45,9 @@ export class DistributedSidebar extends Widget {
     this._memoryNode.append(el('h3', 'mpnb-sidebar-section', 'Memory per rank'));
     this._chartHost = el('div', 'mpnb-sidebar-chart');
     this._memoryNode.append(this._chartHost);
-    this.node.append(header, this._stateNode, this._memoryNode);
+    // Below the chart: a run that saves every K steps grows this list, and the chart stays in place.
+    this._checkpointsNode = el('div', 'mpnb-sidebar-checkpoints');
+    this.node.append(header, this._stateNode, this._memoryNode, this._checkpointsNode);
     _registry.currentChanged.connect((_, connection) => this.setConnection(connection));
     _registry.currentStateChanged.connect(() => this._render());
     this.setConnection(_registry.current);
@@ -74,6 +79,7 @@ export class DistributedSidebar extends Widget {
     this._stateNode.replaceChildren(...this._sections(state));
     const cluster = state?.connection === 'connected' ? state.cluster : null;
     this._memoryNode.style.display = cluster ? '' : 'none';
+    this._checkpointsNode.replaceChildren(...(cluster && state ? checkpointSection(state.checkpoints) : []));
     this._chart?.setRanks(cluster ? cluster.ranks.map(r => r.rank) : []);
     this.node.dataset.connection = state?.connection ?? 'none';
   }

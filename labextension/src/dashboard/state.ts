@@ -39,12 +39,31 @@ export interface ICellState {
  */
 export type ConnectionStatus = 'no-kernel' | 'connecting' | 'connected' | 'unavailable';
 
+/** A checkpoint `trainer.save(path)` wrote in this session (the kernel's `MemoryStore.checkpoints()`). */
+export interface ICheckpoint {
+  /** The directory on the engines' host, absolute. */
+  path: string;
+  step: number;
+  /** The trainer's strategy ("zero") and how the status bar names it ("ZeRO-2"). */
+  strategy: string;
+  label: string;
+  worldSize: number;
+  /** All ranks' files together. */
+  bytes: number;
+  /** How long the save took, when known. */
+  seconds: number | null;
+  /** Unix seconds when it finished. */
+  t: number;
+}
+
 export interface IDashboardState {
   connection: ConnectionStatus;
   cluster: IClusterState | null;
   strategy: string;
   cell: ICellState | null;
   estimate: Record<string, number>;
+  /** Oldest first, one per path, as the kernel sent them. */
+  checkpoints: ICheckpoint[];
 }
 
 export const INITIAL_STATE: IDashboardState = {
@@ -52,12 +71,20 @@ export const INITIAL_STATE: IDashboardState = {
   cluster: null,
   strategy: '',
   cell: null,
-  estimate: {}
+  estimate: {},
+  checkpoints: []
 };
 
 /** Everything that changes the state: comm messages plus connection events. */
 export type DashboardEvent =
-  | { type: 'state'; cluster?: unknown; strategy?: unknown; cell?: unknown; estimate?: unknown }
+  | {
+      type: 'state';
+      cluster?: unknown;
+      strategy?: unknown;
+      cell?: unknown;
+      estimate?: unknown;
+      checkpoints?: unknown;
+    }
   | { type: 'samples'; samples: IMemorySample[] }
   | { type: 'connecting' }
   | { type: 'unavailable' }
@@ -71,7 +98,8 @@ export function reduce(state: IDashboardState, event: DashboardEvent): IDashboar
         cluster: parseCluster(event.cluster),
         strategy: typeof event.strategy === 'string' ? event.strategy : '',
         cell: parseCell(event.cell),
-        estimate: parseEstimate(event.estimate)
+        estimate: parseEstimate(event.estimate),
+        checkpoints: parseCheckpoints(event.checkpoints)
       };
     case 'samples':
       return applySamples(state, event.samples);
@@ -189,6 +217,36 @@ function parseEstimate(value: unknown): Record<string, number> {
         out[rank] = bytes;
       }
     }
+  }
+  return out;
+}
+
+/** The kernel's checkpoint records; an entry with a missing or odd field is left out, not shown half. */
+function parseCheckpoints(value: unknown): ICheckpoint[] {
+  if (!Array.isArray(value)) {
+    return [];
+  }
+  const num = (x: unknown): x is number => typeof x === 'number' && Number.isFinite(x);
+  const out: ICheckpoint[] = [];
+  for (const item of value) {
+    if (!item || typeof item !== 'object') {
+      continue;
+    }
+    const c = item as Record<string, unknown>;
+    if (typeof c.path !== 'string' || !c.path || !num(c.step) || !num(c.world_size) || !num(c.bytes) || !num(c.t)) {
+      continue;
+    }
+    const strategy = typeof c.strategy === 'string' ? c.strategy : '';
+    out.push({
+      path: c.path,
+      step: c.step,
+      strategy,
+      label: typeof c.label === 'string' && c.label ? c.label : strategy,
+      worldSize: c.world_size,
+      bytes: c.bytes,
+      seconds: num(c.seconds) ? c.seconds : null,
+      t: c.t
+    });
   }
   return out;
 }
