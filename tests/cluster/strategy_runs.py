@@ -16,7 +16,7 @@ import mpnb
 from mpnb.models import mlp, synthetic_batches, synthetic_regression, tiny_gpt
 
 def mpnb_run(config, steps=20, optim="sgd", lr=0.1, batch=8, seed=0, model="gpt", start=0,
-             load=None, keep_state=False, hf=False):
+             load=None, keep_state=False, hf=False, resume=None, save=None):
     """Train `steps` steps on global batches [start, start+steps) of a fixed stream; return losses etc."""
     global mpnb_state
     if hf:
@@ -31,7 +31,7 @@ def mpnb_run(config, steps=20, optim="sgd", lr=0.1, batch=8, seed=0, model="gpt"
         opt = torch.optim.SGD(net.parameters(), lr=lr)
     else:
         opt = torch.optim.AdamW(net.parameters(), lr=lr)
-    trainer = mpnb.prepare(net, opt, config=config)
+    trainer = mpnb.prepare(net, opt, config=config, resume=resume)
     if load is not None:
         trainer.load_state_dict(load)
     if model == "gpt":
@@ -39,6 +39,8 @@ def mpnb_run(config, steps=20, optim="sgd", lr=0.1, batch=8, seed=0, model="gpt"
     else:
         data = synthetic_regression(batch_size=batch, steps=start + steps, seed=seed)
     losses = [trainer.step(b) for b in itertools.islice(data, start, None)]
+    if save is not None:
+        trainer.save(save)
     if keep_state:
         mpnb_state = trainer.state_dict()
     counts = trainer.parameter_counts()
@@ -73,6 +75,17 @@ def cluster_run(
     )
     view.execute(f"mpnb_result = mpnb_run({config!r}{', ' if args else ''}{args})", block=True)
     return view.pull("mpnb_result", block=True)
+
+
+def save_after_steps(view: Any, folder: Any, configs: dict[str, dict[str, Any]], want: list[float],
+                     **kwargs: Any) -> dict[str, Any]:
+    """One checkpoint per config in `folder`, each after the `len(want)` steps whose losses must be `want`."""
+    paths = {}
+    for name, config in configs.items():
+        paths[name] = folder / name
+        first = cluster_run(view, config, steps=len(want), save=str(paths[name]), **kwargs)
+        assert_close(first[0]["losses"], want, rel=1e-5)
+    return paths
 
 
 def assert_close(got: list[float], want: list[float], rel: float) -> None:
