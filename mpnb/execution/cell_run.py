@@ -38,6 +38,7 @@ from mpnb.execution.report import (
     CellFailedError,
     CellStopped,
     DistributedResult,
+    collapse_lost_peers,
     error_content,
     group_errors,
     is_engine_death,
@@ -249,7 +250,7 @@ class CellRun:
         real_errors = {r: e for r, e in self.errors.items() if self.status[r] == FAILED}
         if real_errors:
             note = "\n".join([*self._story(), advice]).strip()
-            failures = group_errors(real_errors, self.execution_count)
+            failures = collapse_lost_peers(group_errors(real_errors, self.execution_count))
             first_failure = self.supervisor.first_failure
             if first_failure is not None:  # the cause first, the ranks it took down after
                 first = first_failure[0]

@@ -151,6 +151,26 @@ def group_errors(errors: dict[int, dict[str, Any]], execution_count: int | None)
     return list(by_text.values())
 
 
+# A rank blocked in a collective with a peer that died gets its transport's error: the death is the
+# cause, already reported, and the survivor's traceback only says where it was waiting.
+_LOST_PEER = re.compile(r"Connection reset by peer|Connection closed by peer|Broken pipe")
+
+
+def collapse_lost_peers(failures: list[RankFailure]) -> list[RankFailure]:
+    """Failures caused by a dead rank's connections closing, as one line each naming the death."""
+    dead = sorted(r for f in failures if f.ename == "RankDied" for r in f.ranks)
+    if not dead:
+        return failures
+    out = []
+    for f in failures:
+        lost = _LOST_PEER.search(strip_ansi(f.evalue)) if f.ename != "RankDied" else None
+        if lost:
+            why = f"its collective broke off when {format_ranks(dead)} died ({lost.group(0)})"
+            f = RankFailure(f.ranks, f.ename, why, [])
+        out.append(f)
+    return out
+
+
 # ----------------------------------------------------------------------------- the story
 
 
