@@ -30,12 +30,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from mpnb.checkpoints.format import MANIFEST, MODEL_PREFIX, read_manifest
+from mpnb.checkpoints.format import MANIFEST, MODEL_PREFIX, first_few, read_manifest
 from mpnb.errors import CheckpointError
 
 WEIGHTS = "model.safetensors"
 HF_CONFIG = "config.json"
-SHOWN = 5
 
 
 def export_checkpoint(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
@@ -91,9 +90,8 @@ def _complete_manifest(src: Path) -> dict[str, Any]:
     manifest = read_manifest(src)
     problems = damaged_files(src, manifest, verify=True)  # a flipped byte would export silently otherwise
     if problems:
-        more = f" and {len(problems) - SHOWN} more" if len(problems) > SHOWN else ""
-        raise CheckpointError(f"Cannot export {src}: the checkpoint is damaged ({'; '.join(problems[:SHOWN])}"
-                              f"{more}). Export an earlier checkpoint.")
+        raise CheckpointError(f"Cannot export {src}: the checkpoint is damaged ({first_few(problems)}). "
+                              "Export an earlier checkpoint.")
     if not any(k.startswith(MODEL_PREFIX) for k in manifest.get("tensors", {})):
         raise CheckpointError(f"Cannot export {src}: its manifest lists no model weights. "
                               "Export a checkpoint trainer.save wrote.")

@@ -34,6 +34,15 @@ MODEL_PREFIX = "model."
 OPTIM_PREFIX = "optim.state."
 
 
+SHOWN = 5  # problems (damaged files, mismatching names) an error lists before "and N more"
+
+
+def first_few(problems: list[str]) -> str:
+    """The first `SHOWN` problems joined with "; ", and how many more there are."""
+    more = f" and {len(problems) - SHOWN} more" if len(problems) > SHOWN else ""
+    return "; ".join(problems[:SHOWN]) + more
+
+
 def rng_file(rank: int) -> str:
     return f"{RNG_DIR}/rank{rank}.pt"
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from mpnb.checkpoints.format import (
     MODEL_PREFIX,
     corrupted_files,
+    first_few,
     listed_files,
     missing_or_short_files,
     read_manifest,
@@ -31,9 +32,6 @@ if TYPE_CHECKING:
     from mpnb.planning.config import Config
 
     ConfigLike: TypeAlias = Config | dict[str, Any] | None  # a Config, its to_dict(), or the cluster's
-
-SHOWN = 5  # damaged files named in a reason
-
 
 @dataclass(frozen=True)
 class RankShare:
@@ -73,8 +71,7 @@ class CheckpointInfo:
         neither a cluster nor arguments, only the files are checked.
         """
         if self.problems:
-            more = f" and {len(self.problems) - SHOWN} more" if len(self.problems) > SHOWN else ""
-            return (f"the checkpoint is damaged: {'; '.join(self.problems[:SHOWN])}{more}. "
+            return (f"the checkpoint is damaged: {first_few(self.problems)}. "
                     "Resume from an earlier checkpoint.")
         cfg, world, device_kind = _target(config, world_size)
         if cfg is None or world is None:

@@ -57,6 +57,13 @@ def agree(error: str | None, group: dist.ProcessGroup | None = None, *,
         raise CheckpointError(first + suffix) from cause
 
 
+def checkpoint_exception() -> type[BaseException]:
+    """DCP's CheckpointException: a BaseException, so `except Exception` alone misses it."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return CheckpointException
+
+
 def failure_text(e: BaseException) -> str:
     """One line per failing rank of a DCP CheckpointException (a BaseException), else the error itself."""
     failures = getattr(e, "failures", None)

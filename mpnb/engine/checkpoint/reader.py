@@ -20,6 +20,7 @@ from mpnb.checkpoints import format as fmt
 from mpnb.engine.checkpoint import rng
 from mpnb.engine.checkpoint.collective import (
     agree,
+    checkpoint_exception,
     distributed,
     failure_text,
     from_rank0,
@@ -29,8 +30,6 @@ from mpnb.engine.checkpoint.collective import (
     world,
 )
 from mpnb.errors import CheckpointError
-
-SHOWN = 5  # mismatching names listed in an error
 
 
 def load(trainer: Any, path: str | os.PathLike[str], *, optimizer: bool = True) -> dict[str, Any]:
@@ -57,7 +56,7 @@ def load(trainer: Any, path: str | os.PathLike[str], *, optimizer: bool = True) 
     try:
         with single_process_quiet():
             dcp_load(state, checkpoint_id=root, no_dist=not distributed())
-    except (Exception, _checkpoint_exception()) as e:
+    except (Exception, checkpoint_exception()) as e:
         raise CheckpointError(
             f"Reading the checkpoint at {root} failed ({failure_text(e)}): a file is damaged or unreadable. "
             "Resume from an earlier checkpoint; the model was not changed where the read failed."
@@ -89,15 +88,8 @@ def _damage_report(root: Path, manifest: dict[str, Any]) -> str | None:
 
 
 def _damaged(root: Path, problems: list[str]) -> str:
-    more = f" and {len(problems) - SHOWN} more" if len(problems) > SHOWN else ""
-    return (f"The checkpoint at {root} is damaged: {'; '.join(problems[:SHOWN])}{more}. "
+    return (f"The checkpoint at {root} is damaged: {fmt.first_few(problems)}. "
             "Resume from an earlier checkpoint.")
-
-
-def _checkpoint_exception() -> type[BaseException]:
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    return CheckpointException
 
 
 def flat_keys(state: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -133,9 +125,8 @@ def _mismatch(live_here: dict[str, list[int] | None], manifest: dict[str, Any], 
             problems.append(f"{_short(k)} is {tuple(saved[k]['shape'])} in the checkpoint, "
                             f"{tuple(live[k])} in the model")
     if problems:
-        more = f" and {len(problems) - SHOWN} more" if len(problems) > SHOWN else ""
         return (f"The checkpoint at {root} does not fit this model ({manifest['model_class']} was saved): "
-                f"{'; '.join(problems[:SHOWN])}{more}. Build the same model as the one saved (same class "
+                f"{fmt.first_few(problems)}. Build the same model as the one saved (same class "
                 "and sizes) before loading.")
     if optimizer:
         missing = sorted(k for k in live if k.startswith(fmt.OPTIM_PREFIX) and k not in saved)

@@ -33,6 +33,7 @@ from mpnb.checkpoints import format as fmt
 from mpnb.engine.checkpoint import atomic, rng
 from mpnb.engine.checkpoint.collective import (
     agree,
+    checkpoint_exception,
     distributed,
     failure_text,
     from_rank0,
@@ -129,7 +130,7 @@ def _write(handle: SaveHandle, target: Path, token: str, state: dict[str, Any], 
             with single_process_quiet():
                 metadata = dcp_save(state, storage_writer=FileSystemWriter(tmp), process_group=group,
                                     no_dist=not distributed())
-        except (Exception, _checkpoint_exception()) as e:
+        except (Exception, checkpoint_exception()) as e:
             why = failure_text(e)
             raise CheckpointError(_failed(target, _disk_full(tmp, why) or why)) from None
         record, error = None, None
@@ -175,12 +176,6 @@ def _disk_full(tmp: Path, why: str) -> str | None:
     if free > FULL_DISK_MARGIN and "No space left on device" not in why:
         return None
     return f"No space left on device: {format_bytes(free)} free in {tmp.parent}"
-
-
-def _checkpoint_exception() -> type[BaseException]:
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    return CheckpointException
 
 
 def _target_problem(target: Path) -> str | None:
