@@ -9,7 +9,15 @@
 2. Start: `%mpnb start -n 2` until ready (engines up, torch imported, gloo group formed) against
    `torchrun --nproc_per_node 2` running a script that imports torch and forms a gloo group.
 
+3. Start phases: the same steps as `%mpnb start` (mpnb.cluster.launch.local_cluster, ranks.form_world),
+   timed one by one: controller and engines launched, engines registered, torch imported on the
+   engines (the preload thread's own time, overlapping registration), process group, monitor.
+4. Restart: `%mpnb restart` against `%mpnb start` (same run).
+5. A hang: a `%%distributed --timeout 6` cell where rank 0 waits in an all_reduce that rank 1 never
+   joins; target: the cell ends within timeout + 2 s, and `%mpnb heal` makes the cluster usable.
+
 Usage: python benchmarks/dispatch.py [--rounds 200] [--starts 3]
+       [--part all|dispatch|output|start|phases|restart|hang]
 """
 
 from __future__ import annotations
@@ -109,17 +117,131 @@ def bench_torchrun() -> float:
         return ready - launch.started
 
 
+def bench_phases() -> dict[str, float]:
+    """The steps of `lifecycle.start`, timed one by one (seconds since the start)."""
+    import mpnb
+    from mpnb.cluster import ipp_log, launch, ranks
+    from mpnb.engine import boot
+    from mpnb.monitoring import channel
+
+    marks: dict[str, float] = {}
+    t0 = time.perf_counter()
+    count, plan = launch.plan_local(2, None, None, 60.0, None)
+    cluster = launch.local_cluster(count, plan, ipp_log.logger())
+    cluster.start_cluster_sync()
+    marks["controller up, engines launched"] = time.perf_counter() - t0
+    client = cluster.connect_client_sync()
+    client.wait_for_engines(count, timeout=60, interactive=False)
+    marks["engines registered"] = time.perf_counter() - t0
+    sess = mpnb.cluster.session.Session(client, cluster, plan, mpnb.Config(), source="start")
+    sess.ranks, sess.backend = ranks.form_world(client, list(client.ids), plan, sess.config)
+    marks["process group formed"] = time.perf_counter() - t0
+    channel.attach(sess)
+    marks["monitor running (ready)"] = time.perf_counter() - t0
+    took = client[:].apply_sync(boot.wait_for_torch)
+    marks["  torch import on each engine (overlaps registration)"] = max(t or 0.0 for t in took)
+    mpnb.cluster.session.set_current(sess)
+    mpnb.stop()
+    return marks
+
+
+def bench_restart(ip) -> tuple[float, float]:
+    """(start, restart) seconds in the same run."""
+    import mpnb
+
+    t0 = time.perf_counter()
+    run_quiet(ip, "%mpnb start -n 2")
+    start = time.perf_counter() - t0
+    run_quiet(ip, "%%distributed\npass")
+    t0 = time.perf_counter()
+    run_quiet(ip, "%mpnb restart")
+    restart = time.perf_counter() - t0
+    mpnb.stop()
+    return start, restart
+
+
+HANG_CELL = """%%distributed --timeout 6
+if rank == 0:
+    dist.all_reduce(torch.ones(1))
+"""
+
+
+def bench_hang(ip) -> tuple[float, bool]:
+    """Seconds until the hung cell ends, and whether a collective works after `%mpnb heal`."""
+    from IPython.utils.capture import capture_output
+
+    import mpnb
+
+    run_quiet(ip, "%mpnb start -n 2")
+    try:
+        run_quiet(ip, "%%distributed\npass")
+        t0 = time.perf_counter()
+        with capture_output():
+            ip.run_cell(HANG_CELL)
+        took = time.perf_counter() - t0
+        run_quiet(ip, "%mpnb heal")
+        run_quiet(ip, "%%distributed\nt = torch.ones(1); dist.all_reduce(t); assert t.item() == 2")
+        return took, True
+    finally:
+        mpnb.stop()
+
+
+FIRST_OUTPUT_CELL = """%%distributed --no-monitor
+import time
+print(f"T {time.time()!r}", flush=True)
+time.sleep(0.3)
+"""
+
+
+def bench_first_output(ip, rounds: int) -> list[float]:
+    """Seconds from each rank's `print(..., flush=True)` to its line reaching the notebook's stdout.
+
+    Engine and kernel share this machine's clock: the line carries the rank's time.time(), and a
+    stand-in for the kernel's stdout notes when each line is written to it."""
+    import contextlib
+    import io
+    import re
+
+    class Stamped(io.StringIO):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lags: list[float] = []
+
+        def write(self, text: str) -> int:
+            now = time.time()
+            self.lags += [now - float(t) for t in re.findall(r"T ([0-9.]+)", text)]
+            return super().write(text)
+
+    lags: list[float] = []
+    for _ in range(rounds):
+        out = Stamped()
+        with contextlib.redirect_stdout(out):
+            ip.run_cell(FIRST_OUTPUT_CELL)
+        lags += out.lags
+    return lags
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--starts", type=int, default=3)
-    parser.add_argument("--part", choices=("all", "dispatch", "start"), default="all")
+    parser.add_argument(
+        "--part", choices=("all", "dispatch", "output", "start", "phases", "restart", "hang"), default="all"
+    )
     args = parser.parse_args()
     ip = shell()
     if args.part in ("all", "dispatch"):
         report_dispatch(ip, args.rounds)
+    if args.part in ("all", "output"):
+        report_first_output(ip)
     if args.part in ("all", "start"):
         report_start(ip, args.starts)
+    if args.part in ("all", "phases"):
+        report_phases()
+    if args.part in ("all", "restart"):
+        report_restart(ip, args.starts)
+    if args.part in ("all", "hang"):
+        report_hang(ip)
 
 
 def report_dispatch(ip, rounds: int) -> None:
@@ -150,6 +272,46 @@ def report_start(ip, rounds: int) -> None:
     print(f"  %mpnb start -n 2 (ipyparallel + torch + gloo)   {s:6.2f} s   {[f'{x:.2f}' for x in starts]}")
     print(f"  torchrun 2 procs (torch + gloo)                 {t:6.2f} s   {[f'{x:.2f}' for x in torchruns]}")
     print(f"  ratio mpnb/torchrun {s / t:5.2f}")
+
+
+
+def report_first_output(ip, rounds: int = 20) -> None:
+    import mpnb
+
+    run_quiet(ip, "%mpnb start -n 2")
+    try:
+        run_quiet(ip, "%%distributed\npass")
+        lags = bench_first_output(ip, rounds)
+    finally:
+        mpnb.stop()
+    median = statistics.median(lags)
+    print(f"first output, rank's print(flush=True) to the notebook, {len(lags)} lines:")
+    print(f"  median {median * 1e3:6.1f} ms   max {max(lags) * 1e3:6.1f} ms   "
+          f"(target <= 20 ms: {'OK' if median <= 0.020 else 'MISSED'})")
+
+
+def report_phases() -> None:
+    marks = bench_phases()
+    print("start phases (seconds since the start, 2 CPU engines):")
+    for name, value in marks.items():
+        print(f"  {name:<52} {value:6.2f} s")
+
+
+def report_restart(ip, rounds: int) -> None:
+    pairs = [bench_restart(ip) for _ in range(rounds)]
+    s = statistics.median(p[0] for p in pairs)
+    r = statistics.median(p[1] for p in pairs)
+    print(f"restart, median of {rounds}:")
+    print(f"  %mpnb start -n 2    {s:6.2f} s")
+    runs = [f"{p[1]:.2f}" for p in pairs]
+    print(f"  %mpnb restart       {r:6.2f} s   {runs}   ratio restart/start {r / s:5.2f}")
+
+
+def report_hang(ip) -> None:
+    took, healed = bench_hang(ip)
+    print("a hang (rank 0 in an all_reduce rank 1 never joins, --timeout 6):")
+    print(f"  cell ended after {took:5.2f} s (target <= 8 s: {'OK' if took <= 8.0 else 'MISSED'}); "
+          f"collective after %mpnb heal: {'works' if healed else 'FAILED'}")
 
 
 if __name__ == "__main__":

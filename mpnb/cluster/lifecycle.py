@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from mpnb.cluster import ipp_log, launch, recovery, watchdog
 from mpnb.cluster.launch import DEFAULT_PG_TIMEOUT_S, WorldPlan
-from mpnb.cluster.ranks import form_world, short_error, wait_for_warm_up
+from mpnb.cluster.ranks import form_world, short_error
 from mpnb.cluster.session import Session, current, release_current, set_current
 from mpnb.cluster.session import session as live_session
 from mpnb.errors import ClusterError, RankError
@@ -71,8 +71,6 @@ def start(
     Every engine gets rank env vars, its device and a process group with a
     `timeout`-second timeout. Prints one line (ranks, devices, backend, seconds).
     """
-    import ipyparallel as ipp
-
     from mpnb.planning.config import Config
 
     with _lock:
@@ -80,9 +78,7 @@ def start(
         count, plan = launch.plan_local(n, devices, backend, timeout, port)
         cfg = config if config is not None else Config()
         t0 = time.perf_counter()
-        # Its log goes to a file, not the cell. shutdown_atexit=False: ipyparallel's exit hook prints
-        # into the kernel's stderr; `_stop_at_exit` stops the cluster instead.
-        cluster = ipp.Cluster(n=count, delay=0, log=ipp_log.logger(), shutdown_atexit=False)
+        cluster = launch.local_cluster(count, plan, ipp_log.logger())  # its log: a file, not the cell
         try:
             cluster.start_cluster_sync()
             client = cluster.connect_client_sync()
@@ -293,7 +289,7 @@ def _wait_idle(session: Session, ranks: list[int], timeout: float) -> None:
 def _go_live(sess: Session, event: str, t0: float, verbose: bool) -> Session:
     """Last steps of start, connect and restart: monitor on, one summary line, listeners told."""
     _start_monitor(sess)
-    wait_for_warm_up(sess.client)  # after the monitor's start, which overlaps it
+    sess.warm = False  # new engines warm up in the background; the first cell waits (Session.wait_until_warm)
     if verbose:
         print(sess.summary(time.perf_counter() - t0))
     sess.notify(event)

@@ -8,7 +8,6 @@ Kernel side: never imports torch.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -176,18 +175,3 @@ def form_world(
         for r, d in zip(rows, done, strict=True)
     ]
     return ranks, backend
-
-
-WARM_UP_TIMEOUT_S = 60.0  # DeepSpeed's import and op load take ~2 s; the warm-up never builds an op
-
-
-def wait_for_warm_up(client: ipp.Client) -> None:
-    """Until each engine's background DeepSpeed import (`mpnb.engine.ds_ops`, begun by setup) is done.
-
-    A cell waits for it before it runs, and it ends at a different moment on each rank: the first
-    cell's ranks would start apart, and their identical lines would no longer meet in grouped output.
-    """
-    from mpnb.engine import ds_ops
-
-    with contextlib.suppress(Exception):  # a warm-up that fails or hangs is the ZeRO prepare's to report
-        client[list(client.ids)].apply_async(ds_ops.wait).get(timeout=WARM_UP_TIMEOUT_S)

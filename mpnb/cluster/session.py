@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("mpnb")
 
 QUEUE_TTL_S = 1.0  # how long rank_status() reuses the controller's queue counts
+WARM_UP_TIMEOUT_S = 60.0  # DeepSpeed's import and op load take ~4 s; the warm-up never builds an op
 
 Listener = Callable[["Session"], Any]
 Need = Literal["wait", "heal", "restart"]
@@ -100,6 +101,7 @@ class Session:
         self.full_world_size = 0  # the size before `%mpnb heal` shrank the world; restart brings it back
         self.plan = plan  # the validated start arguments; heal and restart form worlds from it
         self.monitor_channel: MonitorChannel | None = None  # the memory side channel's kernel end
+        self.warm = False  # every rank's background DeepSpeed warm-up is known to be done
         self._listeners: list[Listener] = []
         self._memory: Any = None
         self._queues: dict[int, Any] = {}
@@ -173,6 +175,20 @@ class Session:
             self._queues = queues if isinstance(queues, dict) else {}
             self._queues_at = now
         return self._queues
+
+    def wait_until_warm(self) -> None:
+        """Until every rank's background warm-up (`mpnb.engine.ds_ops`, begun by setup) has ended.
+
+        A cell waits for it on its own, but it ends at a different moment on each rank: the first
+        cell's ranks would start apart, and their identical lines would not meet in grouped output.
+        The start does not wait for it, so a person typing the first cell overlaps it."""
+        if self.warm:
+            return
+        from mpnb.engine import ds_ops
+
+        with contextlib.suppress(Exception):  # a warm-up that fails or hangs is the ZeRO prepare's to report
+            self.view().apply_async(ds_ops.wait).get(timeout=WARM_UP_TIMEOUT_S)
+        self.warm = True
 
     # -- config
     def set_config(self, cfg: Config) -> None:

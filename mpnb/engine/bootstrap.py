@@ -130,6 +130,9 @@ def setup(
         os.environ["OMP_NUM_THREADS"] = "1"
     elif "torch" not in sys.modules:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    from mpnb.engine import boot
+
+    boot.wait_for_torch()  # a CPU engine mpnb launched imports torch while it registers
 
     import datetime
 

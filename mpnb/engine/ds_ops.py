@@ -121,6 +121,9 @@ def warm() -> None:
     """Import DeepSpeed and load its ops and lazy imports now; every line they print goes to the log."""
     with quiet.quiet_thread():
         try:
+            # any optimizer's constructor imports it (1-2 s the first cell no longer pays); a cell waits
+            # for this thread (`wait`), and the kernel waits for it before a new world's first cell
+            importlib.import_module("torch._dynamo")
             importlib.import_module("deepspeed")
             with quiet.quiet_fds():  # only the op probe and the op load: they start compilers and linkers
                 load_ops(only_built=True)
@@ -139,10 +142,6 @@ def warm_in_background() -> None:
     if _thread is not None or not installed():
         return
     use_own_ninja()  # here, on the engine's main thread: os.environ is not changed under a cell
-    with quiet.quiet_thread():
-        # before the thread: code run through `view.apply` skips the hook, and any optimizer's
-        # constructor imports torch._dynamo (1-2 s that the first cell no longer pays)
-        importlib.import_module("torch._dynamo")
     _thread = threading.Thread(target=warm, name="mpnb-warm-deepspeed", daemon=True)
     _thread.start()
     with contextlib.suppress(ImportError):

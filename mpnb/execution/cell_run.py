@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mpnb")
 
+OUTPUT_EVENTS = ("stream", "display_data", "update_display_data")  # what a rank shows in the cell
+OUTPUT_BATCH_S = 0.003  # output from several ranks at once arrives within this: shown together
 IDLE_GRACE_S = 2.0  # after a rank's reply, how long its trailing output may still arrive
 _cell_counter = itertools.count(1)
 
@@ -122,7 +124,7 @@ class CellRun:
 
     def _on_iopub(self, rank: int, msg: dict[str, Any]) -> None:
         kind = msg["header"]["msg_type"]
-        if kind in ("stream", "display_data", "execute_result", "error", "update_display_data"):
+        if kind in (*OUTPUT_EVENTS, "execute_result", "error"):
             self._events.put((rank, kind, msg["content"]))
         if kind in ("stream", "display_data"):  # runs after ipyparallel stored its copy: drop it
             ipp_private.forget_output(self.session.client, msg)
@@ -158,17 +160,22 @@ class CellRun:
         return [r for r, s in self.status.items() if s == RUNNING]
 
     def drain_events(self, timeout: float) -> None:
-        """Handle queued events for up to `timeout` seconds, returning early once no rank runs."""
+        """Handle queued events for up to `timeout` seconds, returning early once no rank runs, and
+        once output came and OUTPUT_BATCH_S passed without more: the caller shows it then, not at
+        the next tick. A steady stream of output is still shown once per tick."""
         deadline = time.monotonic() + timeout
+        output_came = False
         while self.is_running():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
             try:
-                rank, kind, payload = self._events.get(timeout=remaining)
+                wait = min(remaining, OUTPUT_BATCH_S) if output_came else remaining
+                rank, kind, payload = self._events.get(timeout=wait)
             except queue.Empty:
                 return
             self._handle(rank, kind, payload)
+            output_came = output_came or kind in OUTPUT_EVENTS
 
     def flush_output(self, now: float) -> None:
         self.renderer.flush(now)
@@ -298,6 +305,7 @@ def run_cell(
 
     `label` (e.g. a script's file name) goes into the published cell state for the sidebar."""
     recovery.check_ready(session)  # after a crash or release: say whether to heal or restart, before sending
+    session.wait_until_warm()
     run = CellRun(session, code, options or CellOptions(), execution_count, magic_line, label)
     chart = _memory_chart(session) if run.options.monitor and not run.options.quiet else None
     try:

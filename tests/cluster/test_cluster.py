@@ -31,6 +31,15 @@ def wait_for_children(expected: set[int], timeout: float = 15.0) -> set[int]:
     return children()
 
 
+def assert_torch_preloaded(sess: mpnb.Session) -> None:
+    """The engines run mpnb's boot module, which imported torch while they registered."""
+    from mpnb.engine import boot
+
+    for info, took in zip(sess.ranks, sess.view().apply_sync(boot.wait_for_torch), strict=True):
+        assert "mpnb.engine.boot" in psutil.Process(info.pid).cmdline()
+        assert took is not None and took > 0, f"rank {info.rank} did not preload torch"
+
+
 def test_a_start_that_fails_on_the_engines_leaves_nothing_running(ipython, fake_gpus):
     # The kernel believes in GPU 0 (faked) but torch on the engines has no CUDA, so binding fails
     # after the controller and engines are up: the start must roll all of it back.
@@ -59,6 +68,7 @@ def test_lifecycle_start_status_config_push_pull_restart_stop(ipython):
         assert [r.rank for r in sess.ranks] == [0, 1] and sess.world_size == 2 and sess.backend == "gloo"
         assert len(children() - before) >= 3  # controller + 2 engines
 
+        assert_torch_preloaded(sess)
         expect_error(ip, "%mpnb start", ClusterError, "already running", "%mpnb stop")
 
         _, out = run(ip, "%mpnb status")
@@ -107,6 +117,7 @@ def test_lifecycle_start_status_config_push_pull_restart_stop(ipython):
         assert mpnb.session() is sess and sess.world_size == 2
         assert not old_ids & {r.engine_id for r in sess.ranks}
         assert not pids & {r.pid for r in sess.ranks}
+        assert_torch_preloaded(sess)  # the restarted engines come from the same launcher
         res, out = run(
             ip, "%%distributed\nprint('scaled' in dir())\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()"
         )
