@@ -26,7 +26,7 @@ from mpnb.execution.report import CellFailedError, CellStopped
 from mpnb.monitoring import dashboard
 
 MPNB_USAGE = """\
-%mpnb start [-n N] [--devices 0,1,...] [--backend nccl|gloo] [--timeout SECONDS] [--port PORT]
+%mpnb start [-n N] [--devices 0,1,...] [--backend nccl|gloo] [--timeout SECONDS] [--port PORT] [--no-spares]
 %mpnb connect --profile NAME_OR_DIR [--cluster-id ID] [--backend nccl|gloo] [--timeout SECONDS]
 %mpnb status | restart | heal | stop
 %mpnb config [--model NAME] [key=value ...]
@@ -60,6 +60,9 @@ def _build_parsers() -> dict[str, _Parser]:
     start.add_argument("--backend", choices=launch.BACKENDS, default=None)
     start.add_argument("--timeout", type=launch.check_timeout, default=launch.DEFAULT_PG_TIMEOUT_S)
     start.add_argument("--port", type=int, default=None, help="MASTER_PORT on rank 0 (default: a free one)")
+    start.add_argument(
+        "--no-spares", dest="spares", action="store_false", help="keep no warm engines for a quick restart"
+    )
     connect = p["connect"] = _parser("connect")
     connect.add_argument("--profile", default="default", help="ipyparallel profile name or directory")
     connect.add_argument("--cluster-id", default=None)
@@ -107,6 +110,7 @@ class MpnbMagics(Magics):
         """Manage the mpnb cluster. Subcommands:
 
         %mpnb start [-n N] [--devices 0,1,...] [--backend nccl|gloo] [--timeout SECONDS] [--port PORT]
+                    [--no-spares]
         %mpnb connect --profile NAME_OR_DIR [--cluster-id ID] [--backend nccl|gloo] [--timeout SECONDS]
         %mpnb status | restart | heal | stop
         %mpnb config [--model NAME] [key=value ...]
@@ -141,6 +145,7 @@ class MpnbMagics(Magics):
             timeout=args.timeout,
             port=args.port,
             config=self._config,
+            spares=args.spares,
         )
 
     def _cmd_connect(self, args: argparse.Namespace) -> None:

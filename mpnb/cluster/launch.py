@@ -37,6 +37,7 @@ class WorldPlan:
     port: int | None
     devices: list[int] | None  # local start: physical GPUs, one per engine, in rank order
     cpu_only: bool = False  # local start without GPUs: never bind one, even if an engine sees some
+    spares: bool = False  # keep a warm spare engine set for restarts (`mpnb.cluster.spares`)
 
 
 # ----------------------------------------------------------------------------- start arguments
@@ -109,7 +110,12 @@ def parse_devices(devices: str | Sequence[int] | None) -> list[int] | None:
 
 
 def plan_local(
-    n: int | None, devices: str | Sequence[int] | None, backend: str | None, timeout: Any, port: Any
+    n: int | None,
+    devices: str | Sequence[int] | None,
+    backend: str | None,
+    timeout: Any,
+    port: Any,
+    spares: bool = True,
 ) -> tuple[int, WorldPlan]:
     """Check every user choice for a local start; return the engine count and the plan."""
     from mpnb.cluster import devices as device_probe
@@ -158,7 +164,12 @@ def plan_local(
         raise ConfigError("The nccl backend needs GPUs and none are in use here. Use `--backend gloo`.")
     count = len(gpus) if gpus is not None else (n or DEFAULT_CPU_ENGINES)
     return count, WorldPlan(
-        backend=backend, timeout_s=timeout_s, port=check_port(port), devices=gpus, cpu_only=gpus is None
+        backend=backend,
+        timeout_s=timeout_s,
+        port=check_port(port),
+        devices=gpus,
+        cpu_only=gpus is None,
+        spares=bool(spares),
     )
 
 

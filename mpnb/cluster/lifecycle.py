@@ -5,9 +5,8 @@ Each ends the same way: a world formed (`mpnb.cluster.ranks.form_world`), then
 fails part-way stops whatever it started. `_close` is the one way a session ends.
 One lock serialises them, so a heal cannot interleave with a stop.
 
-Engines that mpnb launched leave ipyparallel nannies behind now and then; the
-detached reaper (`mpnb/cluster/reaper.py`, run as a script) is started on stop,
-restart and kernel exit to kill those.
+How old engines leave (and their nannies are reaped) is `mpnb.cluster.engine_exit`; the warm
+engines a restart forms its world on are `mpnb.cluster.spares`.
 
 Each prints one line when it works. ipyparallel's log and the engines' output go to a private
 file (`mpnb.cluster.ipp_log`); the notebook sees engine output only when an engine really failed.
@@ -21,15 +20,13 @@ import atexit
 import contextlib
 import dataclasses
 import logging
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mpnb.cluster import ipp_log, launch, recovery, watchdog
+from mpnb.cluster import engine_exit, ipp_log, launch, recovery, spares, watchdog
 from mpnb.cluster.launch import DEFAULT_PG_TIMEOUT_S, WorldPlan
 from mpnb.cluster.ranks import form_world, short_error
 from mpnb.cluster.session import Session, current, release_current, set_current
@@ -64,18 +61,20 @@ def start(
     timeout: float = DEFAULT_PG_TIMEOUT_S,
     port: int | None = None,
     config: Config | None = None,
+    spares: bool = True,
     verbose: bool = True,
 ) -> Session:
     """Start a local cluster: one engine per visible GPU (or `devices`), else `n` CPU engines (default 2).
 
     Every engine gets rank env vars, its device and a process group with a
     `timeout`-second timeout. Prints one line (ranks, devices, backend, seconds).
+    `spares`: keep as many engines warm beside them, so `restart` takes under a second.
     """
     from mpnb.planning.config import Config
 
     with _lock:
         _check_no_session()
-        count, plan = launch.plan_local(n, devices, backend, timeout, port)
+        count, plan = launch.plan_local(n, devices, backend, timeout, port, spares)
         cfg = config if config is not None else Config()
         t0 = time.perf_counter()
         cluster = launch.local_cluster(count, plan, ipp_log.logger())  # its log: a file, not the cell
@@ -85,6 +84,7 @@ def start(
             # interactive=False: no progress bar printed into the notebook while engines register
             client.wait_for_engines(count, timeout=cluster.engine_timeout, interactive=False)
             sess = Session(client, cluster, plan, cfg, source="start")
+            sess.engine_set = next(iter(cluster.engines))
             sess.ranks, sess.backend = form_world(client, list(client.ids), plan, cfg)
         except BaseException as exc:
             ipp_log.stop_cluster(cluster)  # its failures are in the log; the start's error says enough
@@ -160,7 +160,10 @@ def connect(
 
 
 def restart(verbose: bool = True) -> Session:
-    """Fresh engines and a fresh process group, same world size, same session object."""
+    """Fresh engines and a fresh process group, same world size, same session object.
+
+    The warm spares (`mpnb.cluster.spares`) become the ranks when they are ready; otherwise a new
+    engine set starts. The old ranks' engines are stopped either way."""
     sess = live_session()
     if sess.cluster is None:
         raise ClusterError(
@@ -170,19 +173,27 @@ def restart(verbose: bool = True) -> Session:
     with _lock:
         t0 = time.perf_counter()
         n = max(sess.world_size, sess.full_world_size)
-        old_ids = set(sess.client.ids)
         old_ranks = list(sess.ranks)
+        old_ids = {r.engine_id for r in old_ranks}
         sess.cell = None
         sess.health = None
         try:
+            taken = spares.take(sess)
+            unused_spares = spares.stop(sess) if taken is None else []
             watched = ipp_log.EngineExits.before_stop(sess.cluster)
-            _prepare_engines_exit(sess)
-            _reap_nannies_later(sess)
-            sess.cluster.restart_engines_sync()
-            watchdog.remove_stack_files(sess.ranks)  # the old engines' files (in our private directory)
-            _wait_new_engines(sess.client, old_ids, n, timeout=120.0)
-            new_ids = sorted(set(sess.client.ids) - old_ids)
+            engine_exit.prepare(sess, sorted(old_ids))
+            engine_exit.reap_nannies_later(sess, unused_spares)
+            engine_exit.terminate(old_ranks)  # they exit while the new world forms
+            watchdog.remove_stack_files(old_ranks)  # the old engines' files (in our private directory)
+            old_set = sess.engine_set
+            if taken is None:
+                sess.engine_set = sess.cluster.start_engines_sync(n)
+                new_ids = _wait_new_engines(sess.client, old_ids, n, timeout=120.0)
+            else:
+                sess.engine_set, new_ids = taken
             sess.ranks, sess.backend = form_world(sess.client, new_ids, sess.plan, sess.config)
+            if old_set is not None:
+                sess.cluster.stop_engines_sync(old_set)  # gone by now: this collects their exits
         except BaseException as exc:
             _close(sess)
             if isinstance(exc, KeyboardInterrupt):
@@ -195,12 +206,13 @@ def restart(verbose: bool = True) -> Session:
     return _go_live(sess, "restart", t0, verbose)
 
 
-def _wait_new_engines(client: ipp.Client, old_ids: set[int], n: int, timeout: float) -> None:
+def _wait_new_engines(client: ipp.Client, old_ids: set[int], n: int, timeout: float) -> list[int]:
+    """Until `n` engines other than `old_ids` registered and the old ones left; the new ids."""
     deadline = time.monotonic() + timeout
     while True:
         ids = set(client.ids)
         if len(ids - old_ids) >= n and not (ids & old_ids):
-            return
+            return sorted(ids - old_ids)
         if time.monotonic() > deadline:
             raise ClusterError(
                 f"Only {len(ids - old_ids)} of {n} restarted engines registered within {timeout:g} s."
@@ -292,6 +304,8 @@ def _go_live(sess: Session, event: str, t0: float, verbose: bool) -> Session:
     sess.warm = False  # new engines warm up in the background; the first cell waits (Session.wait_until_warm)
     if verbose:
         print(sess.summary(time.perf_counter() - t0))
+    sess.active_at = time.monotonic()
+    spares.watch(sess, _lock)  # spares for the next restart, launched once the session idles
     sess.notify(event)
     return sess
 
@@ -322,9 +336,10 @@ def _close(sess: Session, at_exit: bool = False) -> list[str]:
         watched = ipp_log.EngineExits.before_stop(sess.cluster) if sess.cluster is not None else None
         if not at_exit:
             _stop_monitor(sess)  # samplers and the kernel end stop before the engines do
-        _prepare_engines_exit(sess)
+        spare_nannies = spares.nanny_pairs(sess)
+        engine_exit.prepare(sess, list(sess.client.ids))  # the spares' too
         if sess.cluster is not None:
-            _reap_nannies_later(sess)
+            engine_exit.reap_nannies_later(sess, spare_nannies)
             with contextlib.suppress(Exception):
                 sess.client.shutdown(hub=False, block=False)  # engines exit now; the stop below reaps them
             failed = ipp_log.stop_cluster(sess.cluster)
@@ -337,41 +352,6 @@ def _close(sess: Session, at_exit: bool = False) -> list[str]:
     if not at_exit:
         sess.notify("stop")
     return problems
-
-
-def _prepare_engines_exit(sess: Session) -> None:
-    """Engines leave the process group and freeze their GC, so they exit at once.
-
-    With a live gloo group they ignore SIGTERM and are killed only after ipyparallel's 5 s grace.
-    """
-    from mpnb.engine import bootstrap
-
-    with contextlib.suppress(Exception):
-        sess.client[list(sess.client.ids)].apply_async(bootstrap.prepare_exit).wait(3)
-
-
-# ----------------------------------------------------------------------------- nanny reaping
-
-
-def _reap_nannies_later(sess: Session) -> None:
-    """Start the detached nanny reaper for this session's engines (see mpnb/cluster/reaper.py)."""
-    pairs = [
-        f"{r.pid}:{nanny}:{started!r}"
-        for r in sess.ranks
-        for nanny, started in zip(r.nannies, r.nanny_started, strict=False)
-    ]
-    if sess.cluster is None or not pairs:
-        return  # a connected cluster's engines, and their nannies, are not ours
-    script = Path(__file__).with_name("reaper.py")
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        starter = subprocess.Popen(
-            [sys.executable, str(script), *pairs],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        starter.wait(10)  # it forks the watcher off and exits at once
 
 
 def _stop_at_exit() -> None:

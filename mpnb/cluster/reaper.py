@@ -22,6 +22,11 @@ WATCH_S = 120.0  # engines stopped at kernel exit may take a while to go
 SAME_START_S = 0.005  # start times are whole clock ticks (Linux) or psutil's exact create time
 
 
+def pair(engine_pid: int, nanny_pid: int, started: float | None) -> str:
+    """One ENGINE:NANNY:STARTED argument."""
+    return f"{engine_pid}:{nanny_pid}:{started!r}"
+
+
 def is_nanny(proc: object) -> bool:
     """A psutil.Process running ipyparallel's engine nanny."""
     return "ipyparallel.engine.nanny" in " ".join(proc.cmdline())  # type: ignore[attr-defined]

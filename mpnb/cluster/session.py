@@ -70,6 +70,15 @@ class Health:
     at: float = field(default_factory=time.time)
 
 
+@dataclass
+class SpareSet:
+    """Engines kept warm beside the ranks for the next restart (`mpnb.cluster.spares`)."""
+
+    set_id: str  # the ipyparallel engine set
+    count: int
+    before: frozenset[int]  # engine ids registered before it was launched: not spares
+
+
 # ----------------------------------------------------------------------------- session
 
 
@@ -102,6 +111,10 @@ class Session:
         self.plan = plan  # the validated start arguments; heal and restart form worlds from it
         self.monitor_channel: MonitorChannel | None = None  # the memory side channel's kernel end
         self.warm = False  # every rank's background DeepSpeed warm-up is known to be done
+        self.engine_set: str | None = None  # the ipyparallel engine set of the ranks (clusters mpnb started)
+        self.spares: SpareSet | None = None  # engines kept warm for the next restart
+        self.spare_watch: object | None = None  # the token of the thread that may launch them
+        self.active_at = time.monotonic()  # when a cell last started or ended (spares start when idle)
         self._listeners: list[Listener] = []
         self._memory: Any = None
         self._queues: dict[int, Any] = {}
@@ -217,6 +230,7 @@ class Session:
     def set_cell_state(self, cell: dict[str, Any] | None) -> None:
         """Record the running cell's per-rank status (execution calls this) and tell listeners."""
         self.cell = cell
+        self.active_at = time.monotonic()
         self.notify("cell")
 
     def notify(self, event: str) -> None:

@@ -14,7 +14,6 @@ import contextlib
 import os
 import socket
 import sys
-from pathlib import Path
 from typing import Any
 
 from mpnb.engine import rendezvous
@@ -121,8 +120,9 @@ def setup(
         "MASTER_PORT": master_port,
     }
     os.environ.update({k: str(v) for k, v in env.items()})
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "mpnb" / "torch_extensions"))
-    from mpnb.engine import quiet
+    from mpnb.engine import ds_ops, quiet
+
+    ds_ops.default_extensions_dir()
 
     quiet.install_warnings()  # before torch: its import-time warnings go to the engine's log too
     if gpu is None:
@@ -167,7 +167,7 @@ def setup(
     own_group.install(store)  # a cell's own init_process_group uses this group
 
     import mpnb
-    from mpnb.engine import control, ds_ops
+    from mpnb.engine import control
 
     control.install()  # cooperative stop and stack dumps in %%distributed cells
     quiet.install()  # library chatter to the engine's log; `%%distributed --verbose` shows it
@@ -212,6 +212,13 @@ def prepare_exit() -> None:
 def nanny_pids() -> list[int]:
     """Child processes of this engine that are ipyparallel nannies (they relay signals to it)."""
     return [pid for pid, _ in nannies_started()]
+
+
+def nanny_pairs() -> list[str]:
+    """This engine's nannies as the nanny reaper's arguments (`mpnb/cluster/reaper.py`)."""
+    from mpnb.cluster.reaper import pair
+
+    return [pair(os.getpid(), pid, started) for pid, started in nannies_started()]
 
 
 def nannies_started() -> list[tuple[int, float]]:

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from mpnb.cluster import logs
@@ -117,8 +118,19 @@ def load_ops(only_built: bool = False) -> list[str]:
     return names
 
 
-def warm() -> None:
-    """Import DeepSpeed and load its ops and lazy imports now; every line they print goes to the log."""
+def default_extensions_dir() -> None:
+    """$TORCH_EXTENSIONS_DIR, unless set: where `make install` builds the ops (and nothing else does)."""
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "mpnb" / "torch_extensions"))
+
+
+def warm(own_ninja: bool = False) -> None:
+    """Import DeepSpeed and load its ops and lazy imports now; every line they print goes to the log.
+
+    `own_ninja`: put the venv's ninja first on PATH here (only where no cell can run meanwhile)."""
+    if not installed():
+        return
+    if own_ninja:
+        use_own_ninja()
     with quiet.quiet_thread():
         try:
             # any optimizer's constructor imports it (1-2 s the first cell no longer pays); a cell waits
