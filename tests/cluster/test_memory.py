@@ -162,6 +162,7 @@ def test_memory_report_has_peaks_by_category(kernel):
 
 
 def test_memory_plot_sends_history_then_live_batches(kernel):
+    kept = kernel.value("len(s.memory.samples())")  # this module's cells so far: > 20 busy samples
     out = kernel.run("plot = mpnb.memory_plot(); plot")
     result = next(m for m in out if m["msg_type"] == "execute_result")
     model_id = result["content"]["data"][WIDGET_MIME]["model_id"]
@@ -170,7 +171,7 @@ def test_memory_plot_sends_history_then_live_batches(kernel):
     if not history:
         out = kernel.run("time.sleep(0.3)")
         history = _custom_msgs(out, model_id)
-    assert history and history[0]["type"] == "samples" and len(history[0]["samples"]) > 40
+    assert kept > 20 and history and history[0]["type"] == "samples" and len(history[0]["samples"]) >= kept
     out = kernel.run("time.sleep(2.5)")
     live = [s for b in _custom_msgs(out, model_id) for s in b["samples"]]
     assert {s["rank"] for s in live} == {0, 1} and 3 <= len(live) <= 10  # idle: 1 Hz per rank
