@@ -3,7 +3,8 @@
 1. Dispatch: median round trip of an empty `%%distributed` cell against raw ipyparallel
    `view.execute("pass", block=True)` on the same engines (which, like %%distributed, waits until
    each engine's output is complete), both run as cells in the same real IPython shell, as a
-   notebook runs them, interleaved so both see the same machine load. Target ratio <= 1.3. Also
+   notebook runs them, interleaved so both see the same machine load. Targets: <= 1.3 with the
+   memory chart (the default), <= 1.15 with --no-monitor. Also
    shown: the raw call outside a cell, the reply-only round trip (`.get()`, output may still be in
    flight), and the default cell with the live memory chart.
 2. Start: `%mpnb start -n 2` until ready (engines up, torch imported, gloo group formed) against
@@ -297,10 +298,12 @@ def report_dispatch(ip, rounds: int) -> None:
     print(f"dispatch, median of {rounds} round trips on 2 CPU engines:")
     for name, value in medians.items():
         print(f"  {name:<52} {value * 1e3:8.2f} ms   ratio {value / base:5.2f}")
-    print(
-        f"  target: %%distributed --no-monitor <= 1.3x raw -> "
-        f"{'OK' if medians['%%distributed --no-monitor'] / base <= 1.3 else 'MISSED'}"
-    )
+    chart = next(value for name, value in medians.items() if name.startswith("%%distributed (default"))
+    for name, value, target in (
+        ("%%distributed (default, memory chart)", chart, 1.3),
+        ("%%distributed --no-monitor", medians["%%distributed --no-monitor"], 1.15),
+    ):
+        print(f"  target: {name} <= {target}x raw -> {'OK' if value / base <= target else 'MISSED'}")
 
 
 def report_start(ip, rounds: int) -> None:

@@ -22,7 +22,7 @@ import logging
 import queue
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mpnb.cluster import recovery
@@ -92,6 +92,7 @@ class CellRun:
         self._last_seen: dict[int, float] = {}  # rank -> when its last message arrived
         self._futures: dict[int, Any] = {}
         self.stop_said = False  # a rank's output shown in the cell says where it stopped (should_stop)
+        self.tickers: list[Callable[[], None]] = []  # called every tick while ranks run (the memory chart)
 
     # -- engine side
     def _engine_code(self) -> str:
@@ -236,6 +237,12 @@ class CellRun:
     def _on_tick(self) -> None:
         now = time.monotonic()
         self.renderer.flush(now)
+        for tick in list(self.tickers):
+            try:
+                tick()
+            except Exception:
+                log.exception("mpnb: a cell ticker failed")
+                self.tickers.remove(tick)
         for rank, t in self._replied.items():  # a reply whose idle status never came
             quiet_since = max(t, self._last_seen.get(rank, t))  # output still flowing: the engine lags
             if self.status[rank] == RUNNING and now - quiet_since > IDLE_GRACE_S:
@@ -308,6 +315,8 @@ def run_cell(
     session.wait_until_warm()
     run = CellRun(session, code, options or CellOptions(), execution_count, magic_line, label)
     chart = _memory_chart(session) if run.options.monitor and not run.options.quiet else None
+    if chart is not None:
+        run.tickers.append(chart.tick)
     try:
         run.submit()
         return run.wait()

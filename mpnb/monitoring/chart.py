@@ -33,6 +33,7 @@ CHART_SENDS_PER_SECOND = 10.0
 # Cells shorter than this leave a one-line summary, not an image: a few points are not worth
 # the ~0.2 s a matplotlib render adds to every quick cell.
 MIN_IMAGE_SECONDS = 1.0
+LIVE_AFTER_S = 0.5  # a cell shorter than this opens no live chart
 # How long a cell that gets an image waits for each rank's busy->idle sample (sent at once).
 FINAL_SAMPLE_WAIT = 0.2
 
@@ -177,7 +178,10 @@ def _preload_matplotlib() -> None:
 class CellChart:
     """The chart under one `%%distributed` cell: live while it runs, a PNG once it ends.
 
-    A cell shorter than `MIN_IMAGE_SECONDS` leaves only the one-line peak summary.
+    Its place under the cell is taken at once (an empty output), but the live widget opens only
+    once the cell has run `LIVE_AFTER_S` (`tick`, from the cell's event loop): most cells are
+    quicker, and a widget per cell doubled the fixed cost of an empty cell. A cell shorter than
+    `MIN_IMAGE_SECONDS` leaves only the one-line peak summary.
     """
 
     def __init__(self, store: MemoryStore, ranks: list[int], display_output: bool = True) -> None:
@@ -187,18 +191,26 @@ class CellChart:
         self.ranks = list(ranks)
         self.started = time.time()
         self.png: bytes | None = None
+        self.widget: MemoryChart | None = None
+        _preload_matplotlib()
+        self._handle = display({"text/plain": ""}, raw=True, display_id=True) if display_output else None
+        self._closed = False
+
+    def tick(self, now: float | None = None) -> None:
+        """Open the live chart in its place once the cell has run LIVE_AFTER_S (`now`: time.time())."""
+        if self.widget is not None or self._closed:
+            return
+        if (time.time() if now is None else now) - self.started < LIVE_AFTER_S:
+            return
         self.widget = MemoryChart(
             ranks=self.ranks,
-            estimate=estimate_json(store.estimate),
-            capacity=store.capacity(),
+            estimate=estimate_json(self.store.estimate),
+            capacity=self.store.capacity(),
             t0=self.started,
         )
-        self.widget.follow(store, since=self.started)
-        _preload_matplotlib()
-        self._handle = (
-            display(self.widget._repr_mimebundle_(), raw=True, display_id=True) if display_output else None
-        )
-        self._closed = False
+        self.widget.follow(self.store, since=self.started)  # the cell's samples so far, then live
+        if self._handle is not None:
+            self._handle.update(self.widget._repr_mimebundle_(), raw=True)
 
     def _wait_for_final_samples(self, ended: float, timeout: float = FINAL_SAMPLE_WAIT) -> None:
         # Each engine samples as soon as its cell ends; wait briefly so the image shows the end.
@@ -218,7 +230,8 @@ class CellChart:
         wants_image = ended - self.started >= MIN_IMAGE_SECONDS
         if wants_image:
             self._wait_for_final_samples(ended)
-        self.widget.stop_following()
+        if self.widget is not None:
+            self.widget.stop_following()
         samples = [s for s in self.store.samples(since=self.started) if s["rank"] in self.ranks]
         summary = _text_summary(self.store.peaks(since=self.started))
         bundle: dict[str, Any] = {"text/plain": summary}
@@ -229,7 +242,8 @@ class CellChart:
             bundle["image/png"] = base64.b64encode(self.png).decode("ascii")
         if self._handle is not None:
             self._handle.update(bundle, raw=True)
-        self.widget.close()
+        if self.widget is not None:
+            self.widget.close()
 
     def __enter__(self) -> CellChart:
         return self

@@ -99,14 +99,20 @@ def test_cell_chart_streams_live_then_leaves_a_png(kernel):
         """
         chart = cell_chart(s)
         code = "import time\\nif rank == 1:\\n    x = bytearray(300 * 2**20)\\ntime.sleep(2)"
-        s.view().execute(code, block=True)
+        running = s.view().execute(code)
+        while not running.ready():  # as a cell's event loop does
+            chart.tick()
+            time.sleep(0.05)
         chart.close()
         """
     )
-    displays = [m for m in out if m["msg_type"] == "display_data" and WIDGET_MIME in m["content"]["data"]]
-    assert len(displays) == 1, [m["msg_type"] for m in out]
-    display_id = displays[0]["content"]["transient"]["display_id"]
-    model_id = displays[0]["content"]["data"][WIDGET_MIME]["model_id"]
+    # its place is taken at once, the live widget shows there from LIVE_AFTER_S on, the PNG at the end
+    placeholder = [m for m in out if m["msg_type"] == "display_data"]
+    assert len(placeholder) == 1 and placeholder[0]["content"]["data"] == {"text/plain": ""}
+    display_id = placeholder[0]["content"]["transient"]["display_id"]
+    updates = [m for m in out if m["msg_type"] == "update_display_data"]
+    assert [u["content"]["transient"]["display_id"] for u in updates] == [display_id, display_id]
+    model_id = updates[0]["content"]["data"][WIDGET_MIME]["model_id"]
 
     opens = [m for m in out if m["msg_type"] == "comm_open" and m["content"]["comm_id"] == model_id]
     state = opens[0]["content"]["data"]["state"]
@@ -121,9 +127,7 @@ def test_cell_chart_streams_live_then_leaves_a_png(kernel):
     sent = sorted(_sent_at(out, model_id))
     assert len(sent) == len(batches) and min(b - a for a, b in itertools.pairwise(sent)) >= 0.08
 
-    updates = [m for m in out if m["msg_type"] == "update_display_data"]
-    assert len(updates) == 1 and updates[0]["content"]["transient"]["display_id"] == display_id
-    data = updates[0]["content"]["data"]
+    data = updates[1]["content"]["data"]
     assert WIDGET_MIME not in data and "rank 0: peak" in data["text/plain"]
     image = Image.open(io.BytesIO(base64.b64decode(data["image/png"])))
     assert image.format == "PNG" and image.width >= 300 and image.height >= 150
@@ -180,15 +184,17 @@ def test_memory_plot_sends_history_then_live_batches(kernel):
 
 def test_distributed_cell_shows_the_chart_unless_no_monitor(kernel):
     out = kernel.run("%%distributed\nimport time\ntime.sleep(1)")
-    shown = [m for m in out if m["msg_type"] == "display_data" and WIDGET_MIME in m["content"]["data"]]
+    shown = [m for m in out if m["msg_type"] == "display_data"]
     assert len(shown) == 1
     display_id = shown[0]["content"]["transient"]["display_id"]
     updates = [m for m in out if m["msg_type"] == "update_display_data"]
-    assert [u["content"]["transient"]["display_id"] for u in updates] == [display_id]
-    assert "image/png" in updates[0]["content"]["data"]
+    assert [u["content"]["transient"]["display_id"] for u in updates] == [display_id, display_id]
+    assert WIDGET_MIME in updates[0]["content"]["data"]  # live while it ran
+    assert "image/png" in updates[1]["content"]["data"]
 
-    # a quick cell keeps only the one-line summary: no matplotlib render on every short cell
+    # a quick cell opens no widget and keeps only the one-line summary: no matplotlib render either
     out = kernel.run("%%distributed\npass")
+    assert not any(m["msg_type"] == "comm_open" for m in out)
     updates = [m for m in out if m["msg_type"] == "update_display_data"]
     assert len(updates) == 1 and "image/png" not in updates[0]["content"]["data"]
     assert updates[0]["content"]["data"]["text/plain"].startswith("mpnb memory")
