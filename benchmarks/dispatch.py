@@ -185,11 +185,12 @@ def bench_idle_cpu(ip, seconds: float = 10.0) -> dict[str, float]:
         wait_until(lambda: spare_engines.ready(sess), 120)
         time.sleep(2.0)  # the ranks' own warm-up is over too
         spare_pids = sess.client[spare_engines.engine_ids(sess)].apply_sync(os.getpid)
-        controller = sess.cluster.controller.process
+        controller = psutil.Process(sess.cluster.controller.process.pid)
         groups = {
             "2 spare engines": [psutil.Process(p) for p in spare_pids],
             "2 rank engines (monitor sampling)": [psutil.Process(r.pid) for r in sess.ranks],
-            "controller (100 ms heartbeats)": [psutil.Process(controller.pid)],
+            # the hub and the scheduler processes it starts
+            "controller (100 ms heartbeats)": [controller, *controller.children(recursive=True)],
         }
 
         def cpu(procs: list) -> float:
