@@ -16,6 +16,8 @@
 4. Restart: `%mpnb restart` against `%mpnb start` (same run).
 5. A hang: a `%%distributed --timeout 6` cell where rank 0 waits in an all_reduce that rank 1 never
    joins; target: the cell ends within timeout + 2 s, and `%mpnb heal` makes the cluster usable.
+6. Output: a rank's `print(..., flush=True)` to the notebook (target <= 20 ms), and how often a
+   tqdm bar updating at 50 Hz is redrawn (target >= 10 Hz) at what cost to its cell.
 
 Usage: python benchmarks/dispatch.py [--rounds 200] [--starts 3]
        [--part all|dispatch|output|start|phases|restart|hang]
@@ -264,6 +266,39 @@ def bench_first_output(ip, rounds: int) -> list[float]:
     return lags
 
 
+PROGRESS_CELL = """%%distributed --no-monitor
+import time
+from tqdm import tqdm
+for _ in {loop}:
+    time.sleep(0.01)
+"""
+
+
+def bench_progress(ip, steps: int = 200) -> tuple[float, float]:
+    """(redraws per second of a tqdm bar updating at 50 Hz, cell time with it / without it)."""
+    import IPython.display
+
+    redraws: list[float] = []
+    publish = IPython.display.publish_display_data  # what mpnb's renderer redraws progress lines with
+
+    def counting(data, metadata=None, *args, transient=None, **kwargs):
+        if str((transient or {}).get("display_id", "")).startswith("mpnb-progress"):
+            redraws.append(time.monotonic())
+        return publish(data, metadata, *args, transient=transient, **kwargs)
+
+    times = {}
+    IPython.display.publish_display_data = counting
+    try:
+        for name, loop in (("plain", f"range({steps})"), ("tqdm", f"tqdm(range({steps}), mininterval=0.02)")):
+            t0 = time.perf_counter()
+            run_quiet(ip, PROGRESS_CELL.format(loop=loop))
+            times[name] = time.perf_counter() - t0
+    finally:
+        IPython.display.publish_display_data = publish
+    span = redraws[-1] - redraws[0] if len(redraws) > 1 else float("inf")
+    return (len(redraws) - 1) / span, times["tqdm"] / times["plain"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200)
@@ -327,12 +362,15 @@ def report_first_output(ip, rounds: int = 20) -> None:
     try:
         run_quiet(ip, "%%distributed\npass")
         lags = bench_first_output(ip, rounds)
+        rate, cost = bench_progress(ip)
     finally:
         mpnb.stop()
     median = statistics.median(lags)
     print(f"first output, rank's print(flush=True) to the notebook, {len(lags)} lines:")
     print(f"  median {median * 1e3:6.1f} ms   max {max(lags) * 1e3:6.1f} ms   "
           f"(target <= 20 ms: {'OK' if median <= 0.020 else 'MISSED'})")
+    print(f"tqdm bar updating at 50 Hz: redrawn {rate:.1f} times a second (target >= 10: "
+          f"{'OK' if rate >= 10 else 'MISSED'}); its 2 s cell took {cost:.3f}x the same loop without it")
 
 
 def report_phases() -> None:

@@ -12,7 +12,7 @@ import time
 
 from mpnb.execution.output import Item, RankMerger, format_ranks
 
-PROGRESS_INTERVAL_S = 0.2  # live progress (tqdm) redrawn at most this often
+PROGRESS_INTERVAL_S = 0.08  # live progress (tqdm) redrawn at most this often: over 10 Hz, as a terminal
 
 
 class CellRenderer:
