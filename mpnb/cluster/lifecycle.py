@@ -187,8 +187,9 @@ def restart(verbose: bool = True) -> Session:
             watchdog.remove_stack_files(old_ranks)  # the old engines' files (in our private directory)
             old_set = sess.engine_set
             if taken is None:
+                known = set(sess.client.ids) | old_ids  # stopped spares may still be listed a while
                 sess.engine_set = sess.cluster.start_engines_sync(n)
-                new_ids = _wait_new_engines(sess.client, old_ids, n, timeout=120.0)
+                new_ids = _wait_new_engines(sess.client, known, old_ids, n, timeout=120.0)
             else:
                 sess.engine_set, new_ids = taken
             sess.ranks, sess.backend = form_world(sess.client, new_ids, sess.plan, sess.config)
@@ -206,16 +207,18 @@ def restart(verbose: bool = True) -> Session:
     return _go_live(sess, "restart", t0, verbose)
 
 
-def _wait_new_engines(client: ipp.Client, old_ids: set[int], n: int, timeout: float) -> list[int]:
-    """Until `n` engines other than `old_ids` registered and the old ones left; the new ids."""
+def _wait_new_engines(
+    client: ipp.Client, known: set[int], old_ids: set[int], n: int, timeout: float
+) -> list[int]:
+    """Until `n` engines not in `known` registered and the old ranks' engines left; the new ids."""
     deadline = time.monotonic() + timeout
     while True:
         ids = set(client.ids)
-        if len(ids - old_ids) >= n and not (ids & old_ids):
-            return sorted(ids - old_ids)
+        if len(ids - known) >= n and not (ids & old_ids):
+            return sorted(ids - known)
         if time.monotonic() > deadline:
             raise ClusterError(
-                f"Only {len(ids - old_ids)} of {n} restarted engines registered within {timeout:g} s."
+                f"Only {len(ids - known)} of {n} restarted engines registered within {timeout:g} s."
             )
         time.sleep(0.05)
 

@@ -73,3 +73,18 @@ def test_no_spares_starts_only_the_ranks_and_restart_starts_fresh_engines(ipytho
     assert res.success, out
     assert sess.spares is None and len(sess.client.ids) == 2
     assert not old & {r.pid for r in sess.ranks}
+
+
+def test_restart_while_the_spares_still_warm_up_stops_them_and_starts_fresh_engines(ipython):
+    ip = ipython
+    assert run(ip, "%mpnb start -n 2")[0].success
+    sess = mpnb.session()
+    assert wait_for(lambda: sess.spares is not None, timeout=60)  # launched, far from warm yet
+    launched = sess.spares.before
+    assert not spares.ready(sess)  # their processes have only just started
+    res, out = run(ip, "%mpnb restart")
+    assert res.success, out
+    ranks = {r.engine_id for r in sess.ranks}
+    assert len(ranks) == 2 and not ranks & launched
+    res, out = run(ip, "%%distributed\nt = torch.ones(1)\ndist.all_reduce(t)\nprint(t.item())")
+    assert res.success and "2.0" in out, out
