@@ -52,6 +52,8 @@ class Estimate:
     notes: tuple[str, ...] = field(default=())
     # how activations were estimated, e.g. "Llama-style decoder (...) per Korthikanti et al. 2022"; "" if not
     activation_formula: str = ""
+    # {collective kind: bytes} the busiest rank hands to collectives per step (`mpnb.planning.comm_estimate`)
+    comm_bytes_per_step: dict[str, int] = field(default_factory=dict)
 
     @property
     def worst(self) -> RankEstimate:
@@ -113,6 +115,7 @@ class Estimate:
             "per_rank": [{**asdict(r), "total": r.total} for r in self.ranks],
             "notes": list(self.notes),
             "activation_formula": self.activation_formula,
+            "comm_bytes_per_step": dict(self.comm_bytes_per_step),
         }
 
     def __repr__(self) -> str:

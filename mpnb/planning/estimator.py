@@ -73,6 +73,7 @@ from mpnb.planning.activations import (
     describe_formula,
     uses_autocast,
 )
+from mpnb.planning.comm_estimate import comm_bytes_per_step
 from mpnb.planning.config import Config
 from mpnb.planning.config_values import read_int, shown
 from mpnb.planning.estimate_result import Estimate, RankEstimate
@@ -235,6 +236,7 @@ def estimate(
         bytes_per_param=ppk,
         notes=tuple(notes),
         activation_formula=formula,
+        comm_bytes_per_step=comm_bytes_per_step(cfg, dims, layout, mb, ppk),
     )
 
 
