@@ -35,6 +35,7 @@ _LAZY: dict[str, str] = {
     # configuration and prediction (kernel side, no torch)
     "Config": "mpnb.planning.config",
     "estimate": "mpnb.planning.estimator",
+    "compare": "mpnb.comparison.runner",  # one training cell under several configs, measured
     # widgets (kernel side)
     "config_panel": "mpnb.widgets.panel",
     "memory_plot": "mpnb.monitoring.chart",
@@ -60,6 +61,7 @@ __all__ = [
     "Trainer",
     "__version__",
     "checkpoint_info",
+    "compare",
     "config_panel",
     "connect",
     "estimate",

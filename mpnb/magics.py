@@ -1,4 +1,4 @@
-"""`%mpnb ...` (cluster lifecycle, config, pull/push) and `%%distributed` (run a cell on ranks).
+"""`%mpnb ...` (cluster lifecycle, config, pull/push), `%%distributed` (run a cell on ranks), `%%compare`.
 
 Registered by `%load_ext mpnb`. Every error a user can cause is an `MpnbError`,
 shown as one short message (`_show_mpnb_error`) instead of a traceback; a cell
@@ -298,6 +298,34 @@ class MpnbMagics(Magics):
         return run_cell(
             sess, cell, options, execution_count=getattr(self.shell, "execution_count", None), magic_line=line
         )
+
+    # ------------------------------------------------------------------ %%compare
+    @cell_magic
+    def compare(self, line: str, cell: str) -> Any:
+        """%%compare CONFIG, CONFIG, ... [--warmup N] [--steps M] [--no-chart]: the cell under each config."""
+        from mpnb.comparison.runner import compare
+
+        configs, options = _split_compare_line(line)
+        return compare(configs, cell, **options)
+
+
+_COMPARE_USAGE = "%%compare ddp, fsdp, zero stage=2, tensor [--warmup 2] [--steps 3] [--no-chart]"
+
+
+def _split_compare_line(line: str) -> tuple[str, dict[str, Any]]:
+    """`%%compare`'s line: the configs (everything before the first --option) and the options."""
+    configs, _, rest = line.partition("--")
+    options: dict[str, Any] = {}
+    words = shlex.split("--" + rest) if rest else []
+    while words:
+        word = words.pop(0)
+        if word == "--no-chart":
+            options["chart"] = False
+        elif word in ("--warmup", "--steps") and words and words[0].isdigit():
+            options[word[2:]] = int(words.pop(0))
+        else:
+            raise ConfigError(f"%%compare: cannot read {word!r}. Usage: {_COMPARE_USAGE}")
+    return configs.strip(), options
 
 
 def _remote_message(exc: BaseException) -> str:

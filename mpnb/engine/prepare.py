@@ -23,6 +23,7 @@ from mpnb.engine.strategies.common import EngineContext
 from mpnb.engine.trainer import LossFn, Trainer
 from mpnb.errors import ConfigError, MpnbError
 from mpnb.planning.config import Config
+from mpnb.planning.estimate_result import Estimate
 from mpnb.planning.estimator import estimate
 from mpnb.planning.parallel_dims import ParallelDims, Strategy
 
@@ -78,7 +79,8 @@ def prepare(
         read_manifest(resume)  # a wrong path fails here, before the model is wrapped
     module = importlib.import_module(STRATEGY_MODULES[Strategy(cfg.strategy)])
     # the chart's line for this model, now rather than after a slow prepare, while the model is whole
-    monitor.announce_estimate(_estimate_totals(model, cfg, ctx.world_size))
+    state.last_estimate = _estimate(model, cfg, ctx.world_size)
+    monitor.announce_estimate(state.last_estimate.by_rank() if state.last_estimate is not None else None)
     total_parameters = count_parameters(model.parameters()).total  # a pipeline stage keeps only its part
     trainer = module.prepare(model, optimizer, cfg, dims, ctx, loss_fn)
     trainer.total_parameters = total_parameters
@@ -105,10 +107,10 @@ def _same_groups(a: Any, b: Any) -> bool:
         x is y for x, y in zip(a.param_groups, b.param_groups, strict=True))
 
 
-def _estimate_totals(model: nn.Module, cfg: Config, world_size: int) -> dict[int, int] | None:
-    """Per-rank bytes `mpnb.estimate` predicts; None where it cannot read the model (no line drawn)."""
+def _estimate(model: nn.Module, cfg: Config, world_size: int) -> Estimate | None:
+    """What `mpnb.estimate` predicts for this model; None where it cannot read the model (no line drawn)."""
     try:
-        return estimate(model, cfg, world_size).by_rank()
+        return estimate(model, cfg, world_size)
     except Exception:  # an estimate is a nicety: never fail a prepare over it
         return None
 

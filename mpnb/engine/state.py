@@ -48,6 +48,13 @@ estimate: dict[int, int] | None = None
 estimate_version = 0
 
 
+# The full `mpnb.estimate` of the model the last mpnb.prepare got (None where it could not be read).
+last_estimate: Any = None
+
+# While `mpnb.compare` measures a cell: a `mpnb.engine.measure.StepMeasure` that `Trainer.step` reports to.
+step_observer: Any = None
+
+
 def set_estimate(per_rank: dict[int, int] | None) -> None:
     global estimate, estimate_version
     estimate = dict(per_rank) if per_rank else None

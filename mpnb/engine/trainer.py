@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mpnb.engine import state
 from mpnb.engine.activations import ActivationTracker
 from mpnb.engine.batches import LABELS, LossFn, check_batch, cross_entropy, is_dict_batch, model_loss
 from mpnb.engine.checkpoint.trainer_methods import TrainerCheckpoints
@@ -171,6 +172,12 @@ class Trainer(TrainerCheckpoints):
     # ---- the step --------------------------------------------------------------------------------
     def step(self, batch: Batch, *, sharded: bool = False) -> float:
         """One optimizer step on a global batch; returns the global mean loss (same on every rank)."""
+        observer = state.step_observer  # set while `mpnb.compare` measures this cell
+        if observer is not None:
+            return observer.observe(self, batch, sharded, lambda: self._step(batch, sharded))
+        return self._step(batch, sharded)
+
+    def _step(self, batch: Batch, sharded: bool) -> float:
         inputs, targets = self._prepare_batch(batch, sharded)
         with self.activation_tracker.step(self.steps):
             local = self._train_step(inputs, targets)

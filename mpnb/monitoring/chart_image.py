@@ -33,7 +33,7 @@ def stack_top(sample: Sample) -> int:
     return sum(int(sample.get(c, 0) or 0) for c in CATEGORIES)
 
 
-def _unit(top: float) -> tuple[float, str]:
+def scale_unit(top: float) -> tuple[float, str]:
     for scale, unit in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
         if top >= scale:
             return float(scale), unit
@@ -69,9 +69,9 @@ def render_png(
     if estimate:
         top = max(top, *(estimate.get(r, 0) for r in ranks))
     top = max(top, 1 << 20)
-    scale, unit = _unit(top)
+    scale, unit = scale_unit(top)
     rss_top = max((s["used"] for s in samples if s.get("device_kind") == "cpu"), default=0)
-    rss_scale, rss_unit = _unit(rss_top)
+    rss_scale, rss_unit = scale_unit(rss_top)
     handles: dict[str, Any] = {}
     for i, rank in enumerate(ranks):
         ax = axes[i // cols][i % cols]
