@@ -89,9 +89,9 @@ class CommCount:
         return int(volume({k: c.bytes for k, c in self.kinds.items()}))
 
     def per_step(self) -> dict[str, dict[str, float]]:
-        """{kind: {"calls", "bytes", "seconds"}} per step: plain data, for the kernel."""
+        """{kind: {"calls", "bytes", "seconds"}} per step (bytes rounded to whole bytes): plain data."""
         n = max(self.steps, 1)
-        return {k: {"calls": c.calls / n, "bytes": c.bytes / n, "seconds": c.seconds / n}
+        return {k: {"calls": c.calls / n, "bytes": round(c.bytes / n), "seconds": c.seconds / n}
                 for k, c in sorted(self.kinds.items())}
 
 

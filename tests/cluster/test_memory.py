@@ -145,8 +145,9 @@ def test_memory_report_has_peaks_by_category(kernel):
     for row in report.values():
         assert set(row) >= {"parameters", "gradients", "optimizer", "activations", "other", "used", "peak"}
         assert row["peak"] >= row["used"] > 0 and row["other"] == 0  # CPU: RSS is a line, not "other"
-    # rank 1 held 300 MiB more during the last cell
-    assert report[1]["used"] >= report[0]["used"] + 250 * 2**20
+    # rank 1 held 300 MiB more during the last cell; the ranks' own RSS differs by tens of MiB
+    # (rank 0 above rank 1 by 17 MiB here, by 54 MiB on a CI machine), so the margin leaves 100 MiB for it
+    assert report[1]["used"] >= report[0]["used"] + 200 * 2**20
     # the report's "used" is the peak of the samples; idle samples keep arriving, so read the samples
     # before and after the report and compare when no new peak came in between
     reads = kernel.value(
