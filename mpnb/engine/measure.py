@@ -72,7 +72,6 @@ class StepMeasure:
             "capacity": _capacity(),
         }
 
-
     def _rank_estimate(self) -> dict[str, int] | None:
         """`mpnb.estimate`'s bytes for this rank, its activations scaled to the rows the cell really ran.
 
@@ -127,6 +126,7 @@ def arm(warmup: int, steps: int, seed: int) -> None:
         pass
     if torch.cuda.is_available() and state.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
+    state.last_estimate = None  # a cell that fails before its prepare must not show the last config's
     state.step_observer = StepMeasure(warmup, steps)
 
 
@@ -134,7 +134,3 @@ def collect() -> dict[str, Any] | None:
     """What the armed run measured on this rank (None if nothing was armed); disarms."""
     observer, state.step_observer = state.step_observer, None
     return observer.result() if observer is not None else None
-
-
-def disarm() -> None:
-    state.step_observer = None
