@@ -30,7 +30,7 @@ def render_png(result: Comparison) -> bytes:
     mem_ax, time_ax, comm_ax = fig.subplots(1, 3)
 
     busiest = [r.busiest() for r in runs]
-    top = max([sum((b.get("memory") or {}).values()) for b in busiest]
+    top = max([r.memory(b) for r, b in zip(runs, busiest, strict=True)]
               + [(b.get("estimate") or {}).get("total", 0) for b in busiest] + [1])
     scale, unit = scale_unit(top)
     bottom = [0.0] * len(runs)

@@ -136,14 +136,12 @@ class Comparison:
                 out.append(row)
         return out
 
-    def to_dataframe(self) -> Any:
+    @property
+    def table(self) -> Any:
+        """`rows()` as a pandas DataFrame."""
         import pandas as pd
 
         return pd.DataFrame(self.rows())
-
-    @property
-    def table(self) -> Any:
-        return self.to_dataframe()
 
     # ------------------------------------------------------------------ display
     def _repr_html_(self) -> str:

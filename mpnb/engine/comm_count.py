@@ -13,23 +13,22 @@ whose durations are the transfer times), else fp32.
 
 Bytes are those of the tensors handed to the op (not wire bytes): an
 all-reduce's tensor, an all-gather's gathered output, a reduce-scatter's full
-input, a send's tensor. `volume` puts them in the ZeRO paper's units, where an
-all-reduce costs twice its tensor (a reduce-scatter plus an all-gather): per
-step DDP and ZeRO-1/2 move 2Ψ, ZeRO-3 and FSDP 3Ψ. On the wire a ring moves
-(n-1)/n of that per rank.
+input, a send's tensor. `mpnb.planning.comm_estimate.volume` puts them in the
+ZeRO paper's units, where an all-reduce costs twice its tensor (a
+reduce-scatter plus an all-gather). On the wire a ring moves (n-1)/n of that
+per rank.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
-
-from mpnb.planning.comm_estimate import volume
 
 # c10d operator -> collective kind (one name per kind, as the papers use)
 C10D_KINDS: dict[str, str] = {
@@ -74,39 +73,26 @@ class Collective:
 
 @dataclass
 class CommCount:
-    """What `count_collectives()` saw: per kind, with the block's number of `steps` to divide by."""
+    """What `count_collectives()` saw in its block, per collective kind."""
 
     kinds: dict[str, Collective] = field(default_factory=dict)
-    steps: int = 1
 
-    @property
-    def bytes(self) -> int:
-        return sum(c.bytes for c in self.kinds.values())
-
-    @property
-    def volume(self) -> int:
-        """Bytes in the ZeRO paper's units (an all-reduce counts twice), all kinds together."""
-        return int(volume({k: c.bytes for k, c in self.kinds.items()}))
-
-    def per_step(self) -> dict[str, dict[str, float]]:
-        """{kind: {"calls", "bytes", "seconds"}} per step (bytes rounded to whole bytes): plain data."""
-        n = max(self.steps, 1)
-        return {k: {"calls": c.calls / n, "bytes": round(c.bytes / n), "seconds": c.seconds / n}
-                for k, c in sorted(self.kinds.items())}
+    def as_data(self) -> dict[str, dict[str, float]]:
+        """{kind: {"calls", "bytes", "seconds"}}: plain data, for the kernel."""
+        return {k: asdict(c) for k, c in sorted(self.kinds.items())}
 
 
 @contextlib.contextmanager
-def count_collectives(steps: int = 1) -> Iterator[CommCount]:
+def count_collectives() -> Iterator[CommCount]:
     """Count the collectives this rank runs inside the block; read the yielded `CommCount` after it.
 
-    `steps` is how many training steps the block holds (`per_step()` divides by it).
     The profiler's start and stop lines (kineto writes them to fd 2) go to the engine's log.
     """
     from torch.profiler import ProfilerActivity, profile
 
     from mpnb.engine.quiet import quiet_fds
 
-    result = CommCount(steps=steps)
+    result = CommCount()
     prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True)
     with quiet_fds():
         prof.start()
@@ -149,7 +135,7 @@ def collectives_in_trace(
         dtype = types[index] if index < len(types) else ""
         payload = 0
         for shape in shapes:
-            numel = _numel(shape)
+            numel = math.prod(shape)
             size = ELEMENT_BYTES.get(dtype) or _backend_element_bytes(backend, shape)
             payload += numel * size
         if name in _GATHERS_INPUT:
@@ -168,13 +154,6 @@ def _shapes(arg: Any) -> list[list[int]]:
     if all(isinstance(d, int) for d in arg):
         return [arg]
     return [s for s in arg if isinstance(s, list) and all(isinstance(d, int) for d in s)]
-
-
-def _numel(shape: list[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _backend_events(events: list[dict[str, Any]]) -> dict[tuple[int, ...], list[dict[str, Any]]]:

@@ -46,7 +46,7 @@ class StepMeasure:
         if index == self.warmup - 1:
             with count_collectives() as counted:
                 loss = run_step()
-            self.comm = counted.per_step()
+            self.comm = counted.as_data()
         elif self.warmup <= index < self.warmup + self.steps:
             _sync(trainer)
             start = time.perf_counter()
