@@ -306,7 +306,8 @@ class MpnbMagics(Magics):
         from mpnb.comparison.runner import compare
 
         configs, options = _split_compare_line(line)
-        return compare(configs, cell, **options)
+        count = getattr(self.shell, "execution_count", None)
+        return compare(configs, cell, origin=f"In [{count}]" if count else "", **options)
 
 
 _COMPARE_USAGE = "%%compare ddp, fsdp, zero stage=2, tensor [--warmup 2] [--steps 3] [--no-chart]"

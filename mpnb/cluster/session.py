@@ -103,7 +103,8 @@ class Session:
         self.closed = False
         # The cell now (or last) running: {"id", "status", "ranks": {"0": status}} (dashboard contract).
         self.cell: dict[str, Any] | None = None
-        # What changed last: start|stop|restart|config|cell (listeners read it; they get only the session).
+        # What changed last: start|stop|restart|config|cell|comparison (listeners read it; they get
+        # only the session).
         self.last_event = "start"
         # What a crash or a release left to do (`mpnb.cluster.recovery` keeps it), else None.
         self.health: Health | None = None
@@ -115,6 +116,8 @@ class Session:
         self.spares: SpareSet | None = None  # engines kept warm for the next restart
         self.spare_watch: object | None = None  # the token of the thread that may launch them
         self.active_at = time.monotonic()  # when a cell last started or ended (spares start when idle)
+        self.comparison: Any = None  # the last `mpnb.compare` result (the config panel shows it)
+        self.comparing = False  # True while `mpnb.compare` switches configs: not the user's changes
         self._listeners: list[Listener] = []
         self._memory: Any = None
         self._queues: dict[int, Any] = {}

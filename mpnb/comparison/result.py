@@ -68,6 +68,14 @@ class Comparison:
     steps: int
     stopped: bool = False
     capacity: int | None = None  # bytes of device memory per rank (GPU), None on CPU
+    world_size: int = 0
+    cell: str = ""  # the engine code that ran under each config (the panel re-measures with it)
+    origin: str = ""  # where that code came from, for people: "In [7]"
+
+    @property
+    def num_params(self) -> int | None:
+        """Ψ of the model the cell prepared (from the estimate `mpnb.prepare` made), None if none did."""
+        return next((r["num_params"] for run in self.runs for r in run.ranks if r.get("num_params")), None)
 
     # ------------------------------------------------------------------ derived
     def measured(self) -> list[ConfigRun]:

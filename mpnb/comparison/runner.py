@@ -20,17 +20,19 @@ from mpnb.errors import ConfigError, MpnbError
 from mpnb.planning.config import Config
 
 FUNCTION_NAME = "_mpnb_compare_fn"  # where a function to compare is pushed on the engines
+WARMUP, STEPS = 2, 3  # untimed steps (the last counts collectives), then timed steps, per config
 
 
-def compare(configs: str | Sequence[Any], cell: str | Callable[[], Any], *, warmup: int = 2, steps: int = 3,
-            seed: int = 0, chart: bool = True) -> Comparison:
+def compare(configs: str | Sequence[Any], cell: str | Callable[[], Any], *, warmup: int = WARMUP,
+            steps: int = STEPS, seed: int = 0, chart: bool = True, origin: str = "") -> Comparison:
     """Run `cell` (engine code, or a function called on every rank) under each of `configs`; measure it.
 
     `configs` is text like "ddp, zero stage=2, fsdp, tensor, pipeline schedule=1f1b" (see
     `mpnb.comparison.specs`) or a list of such strings, dicts or `mpnb.Config`s. The cell must build its
     model and call `mpnb.prepare` and `trainer.step` at least `warmup + steps` times: the first
     `warmup` steps are not timed (the last of them counts the collectives), the next `steps` are.
-    Returns a `Comparison` (`.table` is a DataFrame); with `chart`, a bar chart is drawn too.
+    Returns a `Comparison` (`.table` is a DataFrame); with `chart`, a bar chart is drawn too. `origin`
+    names the cell for people (the config panel shows "measured with In [7]").
     """
     from mpnb.cluster import session as cluster
 
@@ -42,7 +44,9 @@ def compare(configs: str | Sequence[Any], cell: str | Callable[[], Any], *, warm
     original = sess.config or Config()
     specs = parse_specs(configs, original, sess.world_size, sess.device_kind)  # all checked before any runs
     code = cell if isinstance(cell, str) else _push_function(sess, cell)
-    result = Comparison([ConfigRun(s.label, s.config.summary(sess.world_size)) for s in specs], warmup, steps)
+    result = Comparison([ConfigRun(s.label, s.config.summary(sess.world_size)) for s in specs], warmup, steps,
+                        world_size=sess.world_size, cell=code, origin=origin)
+    sess.comparison, sess.comparing = result, True
     index = 0
     try:
         for index, (spec, run) in enumerate(zip(specs, result.runs, strict=True)):
@@ -54,9 +58,13 @@ def compare(configs: str | Sequence[Any], cell: str | Callable[[], Any], *, warm
     except KeyboardInterrupt:  # the stop button outside the cell itself: keep what was measured
         _stop_after(result, index)
     finally:
-        sess.set_config(original)
+        try:
+            sess.set_config(original)
+        finally:
+            sess.comparing = False
     result.capacity = next((r.get("capacity") for run in result.runs for r in run.ranks if r.get("capacity")),
                            None)
+    sess.notify("comparison")
     if chart and result.measured():
         from mpnb.comparison.chart import show_chart
 

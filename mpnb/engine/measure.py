@@ -70,6 +70,7 @@ class StepMeasure:
             "rows": self.rows, "estimate": self._rank_estimate(),
             "estimate_comm": dict(state.last_estimate.comm_bytes_per_step) if state.last_estimate else {},
             "capacity": _capacity(),
+            "num_params": state.last_estimate.num_params if state.last_estimate else None,
         }
 
     def _rank_estimate(self) -> dict[str, int] | None:

@@ -9,13 +9,15 @@ elsewhere (`%mpnb config zero_stage=3`) back into an open panel.
 
 `ConfigPanel` is assembled from one part per job: `panel_plan` (world, device,
 memory per rank, model), `panel_form` (the Config controls), `panel_views`
-(summary, estimate bars, strategy comparison), `panel_files` (ds_config and
+(summary, estimate bars, strategy comparison), `panel_measured` (what
+`mpnb.compare` measured, and "Measure these"), `panel_files` (ds_config and
 code export/import) and `panel_apply` (Apply and the link to the session).
 
 Stable CSS classes for browser tests and styling: `mpnb-panel` (root),
 `mpnb-panel-form`, `mpnb-panel-strategy`, `mpnb-panel-zero-stage`,
 `mpnb-panel-apply`, `mpnb-panel-apply-status`, `mpnb-panel-message`, `mpnb-panel-summary`,
 `mpnb-panel-changes`, `mpnb-panel-estimate`, `mpnb-panel-compare`,
+`mpnb-panel-measured`, `mpnb-panel-measure` (see `mpnb.widgets.panel_measured`),
 `mpnb-panel-export`, `mpnb-panel-import`, `mpnb-panel-lr`, `mpnb-panel-capacity-input`,
 and inside the bars (see `mpnb.widgets.bars`) `mpnb-panel-row` (data-rank or
 data-strategy, data-total, data-fits), `mpnb-panel-bar`, `mpnb-panel-seg-<category>`
@@ -84,6 +86,7 @@ class ConfigPanel(SessionLink, ConfigFiles, widgets.VBox):
         self._build_cluster(world_size, device_kind, capacity)
         self._build_model()
         self._build_views()
+        self._build_measured()
         self._build_apply(learning_rate)
         self._build_files()
         self._layout()
@@ -104,7 +107,7 @@ class ConfigPanel(SessionLink, ConfigFiles, widgets.VBox):
         form.add_class("mpnb-panel-form")
         estimate_tab = widgets.VBox([self._model_box, self.bars])
         export, importer = self._files_tabs()
-        self.tabs = widgets.Tab(children=[estimate_tab, self.compare, export, importer],
+        self.tabs = widgets.Tab(children=[estimate_tab, self.compare_tab, export, importer],
                                 titles=["Estimate per rank", "Compare strategies", "Export", "Import"])
         right = widgets.VBox([self.tabs], layout=widgets.Layout(width="52%"))
         right.add_class("mpnb-panel-right")

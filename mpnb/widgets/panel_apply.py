@@ -19,8 +19,8 @@ import ipywidgets as widgets
 from mpnb.errors import MpnbError
 from mpnb.planning.config import Config
 from mpnb.planning.model_support import check_config
+from mpnb.widgets.panel_measured import MeasuredViews
 from mpnb.widgets.panel_style import ERROR_HTML, NOTE_SPAN, WIDE_LABELS
-from mpnb.widgets.panel_views import EstimateViews
 
 _TIMES = "\u00d7"  # the multiplication sign, spelled out for the linter
 
@@ -41,7 +41,7 @@ def batch_change_message(before: int, after: int, lr: float) -> str:
     return head + body + "</div>"
 
 
-class SessionLink(EstimateViews):
+class SessionLink(MeasuredViews):
     """The Apply button, its report, and the two-way link between `ConfigPanel` and the live session."""
 
     _applying: bool  # True while our own set_config runs: its change event is not news to the panel
@@ -147,8 +147,14 @@ class SessionLink(EstimateViews):
                 self.world.disabled = self.device.disabled = False
                 self._cluster_note.value = NOTE_SPAN.format("the cluster stopped: planning only")
             return
-        if event not in ("config", "start", "restart") or self._applying:
+        if sess is self._session and event in ("comparison", "cell"):
+            if event == "comparison":
+                self._show_compare()  # the measured table
+            elif not sess.comparing:
+                self._show_measure_state()  # a new training cell may have run
             return
+        if event not in ("config", "start", "restart") or self._applying or getattr(sess, "comparing", False):
+            return  # a comparison's config switches are not the user's: it puts the config back
         if sess is not self._session:  # a cluster started while the panel was open: edit its config
             self._session = sess
             self._updating = True

@@ -33,6 +33,7 @@ class EstimateViews(StrategyForm):
     """The summary line, the "Estimate per rank" bars and the "Compare strategies" tab of `ConfigPanel`."""
 
     last_estimate: Estimate | None  # the estimate the bars show, None when the form cannot be estimated
+    planned_params: int | None = None  # Ψ of the model the panel plans for (None if it cannot be estimated)
 
     def _build_views(self) -> None:
         self.summary = widgets.HTML()
@@ -103,6 +104,7 @@ class EstimateViews(StrategyForm):
 
     def _show_compare(self) -> None:
         rows = list(self.compare_estimates().items())
+        self.planned_params = next((est.num_params for _, est in rows if isinstance(est, Estimate)), None)
         try:
             precision = self.pending_config().precision
         except ConfigError:

@@ -9,6 +9,7 @@ predicts the same bytes.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -216,3 +217,49 @@ def test_a_function_defined_in_the_notebook_is_compared_too(ip, sess):
     runs = ip.user_ns["result"].runs
     assert [r.status for r in runs] == ["ok", "ok"], [(r.label, r.error) for r in runs]
     assert ip.user_ns["result"].losses_match(runs[1])
+
+
+MEASURED_ROW = re.compile(r"data-config='([^']*)' data-status='ok' data-states='(\d+)' "
+                          r"data-predicted-states='(\d+)' data-total='(\d+)' data-predicted-total='(\d+)' "
+                          r"data-step-s='([\d.]+)' data-comm-bytes='(\d+)' data-predicted-comm='(\d+)'")
+
+
+def test_the_panels_compare_tab_measures_the_ticked_strategies(ip, sess):
+    import mpnb
+    from mpnb.models import tiny_gpt
+
+    res, out, _ = run(ip, f"%%distributed --no-monitor\n{TRAIN}")
+    assert res.success, out
+    number = len(ip.history_manager.input_hist_raw) - 1  # that cell's In [n]
+    panel = mpnb.config_panel(tiny_gpt(0, n_layer=N_LAYER, n_embd=N_EMBD, seq_len=SEQ))
+    other = None
+    try:
+        for name in ("ZeRO-1", "ZeRO-3", "FSDP"):
+            panel.measure_picks[name].value = False
+        assert not panel.measure_button.disabled
+        assert f"runs In [{number}] under DDP, ZeRO-2" in panel.measure_status.value
+        before = sess.config
+        panel.measure_button.click()  # what a person's click does: the panel runs mpnb.compare
+
+        comparison = panel.comparison
+        assert [r.label for r in comparison.runs] == ["ddp", "zero stage=2"]
+        assert all(r.measured for r in comparison.runs), [(r.label, r.error) for r in comparison.runs]
+        assert comparison.origin == f"In [{number}]" and comparison.num_params == psi()
+        assert sess.config == before == panel.config  # put back, and not reported as the user's change
+        assert "outside the panel" not in panel.changes.value
+        rows = {m[0]: [float(x) for x in m[1:]] for m in MEASURED_ROW.findall(panel.measured.value)}
+        assert list(rows) == ["ddp", "zero stage=2"], panel.measured.value
+        for label, (states, predicted, total, predicted_total, step, sent, predicted_sent) in rows.items():
+            assert abs(states - predicted) < 2048, label  # model states to the byte, but for step counters
+            assert near(total, predicted_total, 0.15) and step > 0, label
+            assert near(sent, predicted_sent), label
+        assert rows["zero stage=2"][0] < 0.8 * rows["ddp"][0]  # 12Ψ against 16Ψ bytes on 2 ranks
+        assert f"with In [{number}]" in panel.measured.value and not panel.measure_button.disabled
+
+        other = mpnb.config_panel(tiny_gpt(0, n_layer=1, n_embd=N_EMBD, seq_len=SEQ))
+        assert "measured a model of" in other.measured.value  # not this model's numbers
+        assert "mpnb-panel-measured-row" not in other.measured.value
+    finally:
+        panel.close()
+        if other is not None:
+            other.close()

@@ -88,3 +88,24 @@ def test_apply_looks_enabled_only_when_it_is_and_the_learning_rate_is_asked_for_
     panel.micro_batch_size.value = 16  # the global batch changes: the learning-rate advice needs the rate
     assert panel._lr_box.layout.display != "none"
     assert "rescaling" in panel._lr_box.children[1].value
+
+
+def test_the_training_cell_is_the_newest_distributed_cell_that_prepares_and_steps() -> None:
+    from types import SimpleNamespace
+
+    from mpnb.widgets.panel_measured import training_cell
+
+    train = "trainer = mpnb.prepare(net, opt)\nfor b in batches:\n    trainer.step(b)"
+    history = ["", f"%%distributed\n{train}", "%%distributed\nprint(1)", f"%%distributed --rank 0\n{train}",
+               "x = 1"]
+    shell = SimpleNamespace(history_manager=SimpleNamespace(input_hist_raw=history))
+    assert training_cell(shell) == ("In [1]", train)
+    assert training_cell(SimpleNamespace(history_manager=SimpleNamespace(input_hist_raw=history[:1]))) is None
+    compared = SimpleNamespace(cell="run()\n", origin="")
+    assert training_cell(None, compared) == ("the last compared cell", "run()\n")
+
+
+def test_without_a_cluster_measure_these_says_what_to_do_first(panel: ConfigPanel) -> None:
+    assert panel.measure_button.disabled
+    assert "%mpnb start" in panel.measure_status.value
+    assert "Nothing measured yet" in panel.measured.value
