@@ -3,7 +3,7 @@
 The notebooks are public API, so this name stays while the tools live in two
 halves: the engine half (`mpnb.engine.teaching`: `SavedTensorMeter`,
 `LiveActivationMeter`, `gathered_parameter_bytes`, `StageTimer`, `sync_clock`,
-`pipeline_steps`, `time_collectives`; torch imported when called) and the
+`pipeline_steps`, and `count_collectives` from `mpnb.engine.comm_count`; torch imported when called) and the
 kernel half (`mpnb.widgets.timeline`: `bubble_table`, `idle_share`,
 `formula_bubble`, `expected_bubble`, `draw_timeline`; matplotlib, no torch). Names load on first
 use, so an engine cell that imports a meter does not import the widgets, and
@@ -23,7 +23,7 @@ _HALVES: dict[str, str] = {
     "StageTimer": "mpnb.engine.teaching",
     "pipeline_steps": "mpnb.engine.teaching",
     "sync_clock": "mpnb.engine.teaching",
-    "time_collectives": "mpnb.engine.teaching",
+    "count_collectives": "mpnb.engine.comm_count",
     "Events": "mpnb.widgets.timeline",
     "bubble_table": "mpnb.widgets.timeline",
     "draw_timeline": "mpnb.widgets.timeline",
@@ -38,6 +38,7 @@ __all__ = [
     "SavedTensorMeter",
     "StageTimer",
     "bubble_table",
+    "count_collectives",
     "draw_timeline",
     "expected_bubble",
     "formula_bubble",
@@ -45,7 +46,6 @@ __all__ = [
     "idle_share",
     "pipeline_steps",
     "sync_clock",
-    "time_collectives",
 ]
 
 
@@ -53,6 +53,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _HALVES)
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from mpnb.engine.comm_count import count_collectives
     from mpnb.engine.teaching import (
         LiveActivationMeter,
         SavedTensorMeter,
@@ -60,7 +61,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         gathered_parameter_bytes,
         pipeline_steps,
         sync_clock,
-        time_collectives,
     )
     from mpnb.widgets.timeline import (
         Events,

@@ -3,8 +3,8 @@
 Counted from the torch profiler's record of the c10d operators, the one level
 every path goes through: DDP's C++ reducer, FSDP2's all-gathers and
 reduce-scatters, DTensor's functional collectives under tensor parallelism,
-`deepspeed.comm`, and pipeline send/recv (`mpnb.teaching.time_collectives`,
-which wraps Python functions, misses the first three). The chrome trace is
+`deepspeed.comm`, and pipeline send/recv (wrapping torch.distributed's Python
+functions would miss the first three). The chrome trace is
 read because only it carries the operators' input shapes
 (`record_shapes=True`; `prof.events()` leaves the list arguments' shapes
 empty). Element types come from the op when it names them, else from the

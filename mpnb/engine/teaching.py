@@ -5,19 +5,17 @@
 `mpnb.engine.activations`, which the memory chart shares), `gathered_parameter_bytes`
 (FSDP parameters currently unsharded), `StageTimer` (busy intervals of one
 pipeline stage, per microbatch) with `sync_clock` (one time axis for every rank)
-and `pipeline_steps` (both, plus live activations, for a few training steps),
-and `time_collectives` (count and time every torch.distributed collective a
-function issues). torch is imported only when they are called: the notebooks
+and `pipeline_steps` (both, plus live activations, for a few training steps).
+torch is imported only when they are called: the notebooks
 import them through `mpnb.teaching`, which the kernel imports too.
 The pipeline timeline they measure is drawn by `mpnb.widgets.timeline`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from mpnb.engine.activations import LiveActivationMeter, saved_storage
@@ -154,50 +152,3 @@ def pipeline_steps(trainer: Any, batches: Any) -> list[dict[str, Any]]:
     finally:
         timer.remove()
     return steps
-
-
-# ---------------------------------------------------------------------------- communication
-
-_COLLECTIVES = (
-    "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
-    "all_to_all", "all_to_all_single", "broadcast", "send", "recv", "isend", "irecv",
-)
-
-
-@contextlib.contextmanager
-def time_collectives() -> Iterator[dict[str, list[float]]]:
-    """Record every torch.distributed collective (and its seconds) issued in the block.
-
-    Yields a dict name -> [seconds per call]. Only calls made through the
-    Python functions in `torch.distributed` are seen: DDP's reducer runs in C++
-    and DTensor uses functional collectives (count those with
-    `torch.distributed.tensor.debug.CommDebugMode`).
-    """
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-
-    calls: dict[str, list[float]] = {}
-    saved: list[tuple[Any, str, Any]] = []
-
-    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                calls.setdefault(name, []).append(time.perf_counter() - t0)
-
-        return timed
-
-    for name in _COLLECTIVES:
-        for module in (dist, c10d):
-            fn = getattr(module, name, None)
-            if fn is not None:
-                saved.append((module, name, fn))
-                setattr(module, name, wrap(name, fn))
-    try:
-        yield calls
-    finally:
-        for module, name, fn in saved:
-            setattr(module, name, fn)
