@@ -6,7 +6,8 @@ moments per rank under FSDP). On the same disk, in the same run:
 
 - save: `trainer.save(dir)` against each rank `torch.save`-ing its own local shard
   tensors (the same bytes) to its own file, flushed and fsynced as DCP does its
-  files. Time is wall time from a barrier until every rank is done; MB/s per rank =
+  files; `dcp.save` of the same state alone is printed too (the floor under mpnb's
+  save). Time is wall time from a barrier until every rank is done; MB/s per rank =
   this rank's shard bytes / that time. Reps alternate order; medians. Target >= 0.8.
 - load: `trainer.load(dir)` against `torch.load` of those files, cold (each file's
   pages dropped from the page cache with posix_fadvise(DONTNEED) first; `fincore`
@@ -148,10 +149,18 @@ def hwm_rise(fn):
     return status("VmHWM") - before
 
 
+def dcp_save(path):
+    # torch.distributed.checkpoint alone, as mpnb calls it: the floor under trainer.save
+    from torch.distributed.checkpoint import FileSystemWriter, save
+    state = trainer.checkpoint_state()
+    state.get("optim", {{}}).pop("param_groups", None)
+    save(state, storage_writer=FileSystemWriter(path))
+
+
 def bench_save_load(reps):
     out = {{"bytes": shard_bytes(), "mpnb_save": [], "torch_save": [], "torch_save_nosync": [],
-           "mpnb_load_cold": [], "torch_load_cold": [], "mpnb_load_warm": [], "torch_load_warm": [],
-           "resident_cold": [], "resident_warm": []}}
+           "dcp_save": [], "mpnb_load_cold": [], "torch_load_cold": [], "mpnb_load_warm": [],
+           "torch_load_warm": [], "resident_cold": [], "resident_warm": []}}
     for rep in range(reps):
         ck, pt = ROOT / f"ck{{rep}}", ROOT / f"pt{{rep}}-rank{{ME}}.pt"
         sides = ("mpnb", "torch") if rep % 2 == 0 else ("torch", "mpnb")
@@ -161,6 +170,7 @@ def bench_save_load(reps):
             else:
                 out["torch_save"].append(timed(lambda: torch_save(pt), "torch_save"))
         out["torch_save_nosync"].append(timed(lambda: torch_save(ROOT / f"ns{{rep}}-rank{{ME}}.pt", False)))
+        out["dcp_save"].append(timed(lambda: dcp_save(ROOT / f"dcp{{rep}}")))
         out["mpnb_files"] = du(ck) / dist.get_world_size()  # per rank: the directory holds every rank's
         out["torch_file"] = du(pt)
         for side in sides:  # cold, then warm straight after
@@ -178,6 +188,7 @@ def bench_save_load(reps):
         dist.barrier()
         if ME == 0:
             shutil.rmtree(ck)
+            shutil.rmtree(ROOT / f"dcp{{rep}}")
         for p in (pt, ROOT / f"ns{{rep}}-rank{{ME}}.pt"):
             p.unlink()
     out["cpu"] = {{k: sorted(v)[len(v) // 2] for k, v in CPU.items()}}
@@ -318,6 +329,10 @@ def report(args: argparse.Namespace, io: list[dict], ov: list[dict], mem: list[d
     nosync = rate("torch_save_nosync")
     print("  cold = dropped from this machine's page cache (a virtual disk may still be cached by its host)")
     print(f"{'  torch.save without fsync':<34} {'':>10} {nosync:>10.0f}  (info: page cache only)")
+    dcp = rate("dcp_save")
+    print(f"{'  dcp.save alone (fsynced)':<34} {dcp:>10.0f} {rate('torch_save'):>10.0f} "
+          f"{dcp / rate('torch_save'):>6.2f}  (info: the library under trainer.save; "
+          f"mpnb = {rate('mpnb_save') / dcp:.2f} of it)")
     cpu = r0["cpu"]
     print(f"  CPU s per save (this engine, all threads): mpnb {cpu['mpnb_save']:.3f}, "
           f"torch.save {cpu['torch_save']:.3f}")
