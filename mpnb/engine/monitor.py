@@ -112,13 +112,13 @@ def _NO_REF() -> None:  # a dead weak reference: calling it gives None
     return None
 
 
-def announce_estimate(per_rank: dict[int, int] | None) -> None:
-    """Send a new estimate line at once (`mpnb.prepare` calls this before it applies a strategy).
+def announce_estimate(estimate: Any) -> None:
+    """Keep `estimate` and send its line at once (`mpnb.prepare` calls this before it applies a strategy).
 
-    `per_rank` is what `mpnb.estimate` predicts for the model being prepared, from the whole
+    `estimate` is what `mpnb.estimate` predicts for the model being prepared, from the whole
     model before ZeRO-3 or FSDP shard it or a pipeline keeps one stage; None clears the line.
     """
-    state.set_estimate(per_rank)
+    state.set_estimate(estimate)
     wake()
 
 
@@ -220,7 +220,8 @@ class Sampler(threading.Thread):
                 now = time.monotonic()
                 if state.estimate_version != estimated:  # {} clears the kernel's line (no estimate)
                     estimated = state.estimate_version
-                    self._send_extra(socket, signer, estimate_content(state.estimate or {}))
+                    line = state.last_estimate.by_rank() if state.last_estimate is not None else {}
+                    self._send_extra(socket, signer, estimate_content(line))
                 while state.announcements:  # finished checkpoints (mpnb.engine.checkpoint.announce)
                     self._send_extra(socket, signer, state.announcements.popleft())
                 trainer = state.active_trainer()

@@ -79,8 +79,7 @@ def prepare(
         read_manifest(resume)  # a wrong path fails here, before the model is wrapped
     module = importlib.import_module(STRATEGY_MODULES[Strategy(cfg.strategy)])
     # the chart's line for this model, now rather than after a slow prepare, while the model is whole
-    state.last_estimate = _estimate(model, cfg, ctx.world_size)
-    monitor.announce_estimate(state.last_estimate.by_rank() if state.last_estimate is not None else None)
+    monitor.announce_estimate(_estimate(model, cfg, ctx.world_size))
     total_parameters = count_parameters(model.parameters()).total  # a pipeline stage keeps only its part
     trainer = module.prepare(model, optimizer, cfg, dims, ctx, loss_fn)
     trainer.total_parameters = total_parameters

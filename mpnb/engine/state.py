@@ -42,22 +42,18 @@ def active_trainer() -> Any | None:
     return _active_trainer() if _active_trainer is not None else None
 
 
-# {rank: bytes} mpnb.estimate predicted for the model the last mpnb.prepare got (None: no line),
-# and a counter the memory sampler compares to send each new one exactly once.
-estimate: dict[int, int] | None = None
-estimate_version = 0
-
-
-# The full `mpnb.estimate` of the model the last mpnb.prepare got (None where it could not be read).
+# The full `mpnb.estimate` of the model the last mpnb.prepare got (None: none, or it could not be
+# read), and a counter the memory sampler compares to send each new one's line exactly once.
 last_estimate: Any = None
+estimate_version = 0
 
 # While `mpnb.compare` measures a cell: a `mpnb.engine.measure.StepMeasure` that `Trainer.step` reports to.
 step_observer: Any = None
 
 
-def set_estimate(per_rank: dict[int, int] | None) -> None:
-    global estimate, estimate_version
-    estimate = dict(per_rank) if per_rank else None
+def set_estimate(estimate: Any) -> None:
+    global last_estimate, estimate_version
+    last_estimate = estimate
     estimate_version += 1
 
 
