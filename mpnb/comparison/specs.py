@@ -20,6 +20,7 @@ from mpnb.planning.parallel_dims import Strategy
 
 ALIASES = {"stage": "zero_stage", "stages": "pipeline_stages", "schedule": "pipeline_schedule",
            "tp": "tensor_parallel", "pp": "pipeline_stages"}
+_SHORT_NAMES = {field: short for short, field in reversed(ALIASES.items())}  # labels: the first alias
 _SHORT_ZERO = re.compile(r"^zero-?([0-3])$")  # "zero2", "zero-3"
 EXAMPLE = "ddp, fsdp, zero stage=2, zero stage=3, tensor, pipeline schedule=1f1b"
 
@@ -97,5 +98,6 @@ def _apply(base: Config, changes: dict[str, Any], world_size: int, shown: str) -
 
 
 def _label(changes: dict[str, Any]) -> str:
-    rest = " ".join(f"{k}={v}" for k, v in changes.items() if k != "strategy")
+    """{"strategy": "zero", "zero_stage": 2} -> "zero stage=2", as the text form writes it."""
+    rest = " ".join(f"{_SHORT_NAMES.get(k, k)}={v}" for k, v in changes.items() if k != "strategy")
     return f"{changes.get('strategy', '')} {rest}".strip()

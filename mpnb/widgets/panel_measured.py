@@ -28,9 +28,6 @@ from mpnb.units import format_bytes
 from mpnb.widgets.panel_style import ERROR_HTML, NOTE_SPAN
 from mpnb.widgets.panel_views import COMPARE, EstimateViews
 
-# the tab's strategies as `mpnb.compare` reads them (COMPARE's names -> config text)
-SPECS = {"DDP": "ddp", "ZeRO-1": "zero stage=1", "ZeRO-2": "zero stage=2", "ZeRO-3": "zero stage=3",
-         "FSDP": "fsdp"}
 MAGICS = ("%%distributed", "%%compare")
 MODEL_STATES = ("parameters", "gradients", "optimizer")
 CELL = "padding:1px 5px;white-space:nowrap;text-align:right"
@@ -111,9 +108,9 @@ def _row(comparison: Any, run: Any) -> str:
             f"data-comm-bytes='{int(sent)}' data-predicted-comm='{predicted_comm}'>{tds}</tr>")
 
 
-def _pair(measured: str, second: str, prefix: str = "") -> str:
+def _pair(measured: str, second: str) -> str:
     """A measured number over the prediction (for time: the range, min-max) in grey."""
-    return f"{measured}<br><span style='color:#777;font-size:11px'>{prefix}{second}</span>"
+    return f"{measured}<br><span style='color:#777;font-size:11px'>{second}</span>"
 
 
 def _note(text: str) -> str:
@@ -190,7 +187,7 @@ class MeasuredViews(EstimateViews):
     def measure(self) -> Any:
         """Run the training cell under the ticked strategies (`mpnb.compare`); returns the Comparison."""
         cell = self._training_cell() if self._session is not None else None
-        picked = [SPECS[name] for name, box in self.measure_picks.items() if box.value]
+        picked = [kw for name, kw in COMPARE if self.measure_picks[name].value]  # labelled "zero stage=1"
         if cell is None or not picked:
             self._show_measure_state()
             return None
@@ -200,7 +197,7 @@ class MeasuredViews(EstimateViews):
         result = None
         try:
             with self.measure_output:  # progress while it runs; the table above says the rest
-                result = compare(", ".join(picked), cell[1], chart=False, origin=cell[0])
+                result = compare(picked, cell[1], chart=False, origin=cell[0])
             if not result.stopped:
                 self.measure_output.clear_output()
         except MpnbError as exc:  # e.g. a strategy this world cannot run: refused before anything ran

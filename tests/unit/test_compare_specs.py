@@ -30,6 +30,7 @@ def test_dicts_and_configs_are_accepted():
     items = [{"strategy": "zero", "zero_stage": 1}, Config().update(strategy="fsdp")]
     specs = parse_specs(items, Config(), 2)
     assert specs[0].config.zero_stage == 1 and specs[1].config.strategy == "fsdp"
+    assert specs[0].label == "zero stage=1"  # labelled as the text form writes it
 
 
 @pytest.mark.parametrize(("text", "phrase"), [
