@@ -4,7 +4,9 @@ Same cluster, same model, same batches, one sampler per engine that is paused an
 resumed in short alternating blocks (ABBA), so that the noise of a shared machine
 hits both sides alike. A DDP trainer is active, so samples also carry its
 `memory_breakdown()`. Also prints the sampler thread's own CPU time, a number
-that the machine's load does not disturb.
+that the machine's load does not disturb, the cost of one read of the bytes-sent
+counter each sample carries, and the bytes it counts per DDP step against the
+ring all-reduce's 2(N-1)/N x 4 bytes x parameters.
 
     DS_ACCELERATOR=cpu OMP_NUM_THREADS=1 .venv/bin/python benchmarks/monitor.py [--blocks 40]
 
@@ -57,6 +59,24 @@ def bench(endpoint, blocks, steps):
                 times["sampler_cpu"] += monitor.status()["cpu_seconds"] - cpu0
     monitor.stop()
     return times
+
+def comm_check(steps=5, reads=2000):
+    from mpnb.engine import state
+    counter = state.comm_counter
+    dist.barrier()
+    before = counter.sent()
+    for i in range(steps):
+        trainer.step(batches[i % len(batches)])
+    dist.barrier()
+    time.sleep(0.2)  # acks trail the last send
+    per_step = (counter.sent() - before) / steps
+    t0 = time.perf_counter()
+    for _ in range(reads):
+        counter.sent()
+    read_us = (time.perf_counter() - t0) / reads * 1e6
+    n = dist.get_world_size()
+    ring = 2 * (n - 1) / n * 4 * sum(p.numel() for p in model.parameters())
+    return {{"per_step": per_step, "ring": ring, "read_us": read_us}}
 """
 
 
@@ -77,6 +97,8 @@ def main() -> None:
         elapsed = time.time() - t0
         received = channel.received - before
         times = view.pull("_times", targets=sess.engine_id(0), block=True)
+        view.execute("_comm = comm_check()", block=True).get()
+        comm = view.pull("_comm", targets=sess.engine_id(0), block=True)
         view.apply_sync(monitor.start, channel.endpoint)  # back to the defaults
     finally:
         mpnb.stop()
@@ -107,6 +129,11 @@ def main() -> None:
         f"sampler thread CPU time: {share * 100:.3f}% of the wall time while on (its own cost, free of noise)"
     )
     print(f"target <= 1.01: {'met' if statistics.median(block_ratios) <= 1.01 else 'NOT met'}")
+    print(
+        f"bytes sent per DDP step, counted: {comm['per_step']:,.0f}; ring all-reduce of the gradients: "
+        f"{comm['ring']:,.0f} ({comm['per_step'] / comm['ring']:.3f}x); one read of the counter: "
+        f"{comm['read_us']:.0f} us"
+    )
 
 
 if __name__ == "__main__":

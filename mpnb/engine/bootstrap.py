@@ -159,7 +159,10 @@ def setup(
     _bind_gloo_to(master_addr)
     timeout = datetime.timedelta(seconds=timeout_s)
     from mpnb.engine import own_group, state
+    from mpnb.engine.comm_bytes import CommCounter
 
+    if state.comm_counter is None:
+        state.comm_counter = CommCounter()
     store = rendezvous.store(rank, world_size, master_addr, master_port, timeout)  # loopback-bound
     own_group.real_init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     # what forming the group again needs (own_group: a cell destroyed it, or a script owned it)

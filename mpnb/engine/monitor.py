@@ -23,7 +23,7 @@ import time
 import weakref
 from typing import Any
 
-from mpnb.engine import state
+from mpnb.engine import comm_bytes, state
 from mpnb.engine.readers import MemoryReader, make_reader
 from mpnb.monitoring.protocol import (
     MAX_SAMPLES_PER_MESSAGE,
@@ -105,6 +105,7 @@ def build_sample(reader: MemoryReader, rank: int, busy: bool, parts: dict[str, i
         rank=rank, t=time.time(), busy=busy, device_kind=reading.device_kind, used=reading.used,
         reserved=reading.reserved, peak=reading.peak, capacity=reading.capacity,
         device_used=reading.device_used, oom_count=reading.oom_count, parts=parts,
+        comm_sent=comm_bytes.sent_by_this_rank(reading.device_kind),
     )
 
 
@@ -200,6 +201,7 @@ class Sampler(threading.Thread):
         if self._curve is not None:  # the kernel's channel admits only the keys it was given
             socket.curve_serverkey, socket.curve_publickey, socket.curve_secretkey = self._curve
         socket.connect(self.endpoint)
+        comm_bytes.leave_uncounted(self.endpoint)  # the monitor's bytes, not the training's
         pending: list[dict[str, Any]] = []
         last_send = 0.0
         last_busy: bool | None = None

@@ -21,6 +21,10 @@ master_addr: str = "127.0.0.1"  # where rank 0 serves the group's store (`%mpnb 
 master_port: int = 0  # the live mpnb group's store port (mpnb.engine.own_group moves it on each re-form)
 timeout_s: float = 1800.0  # the group's timeout: own_group forms the group again with it
 
+# Counts the bytes torch.distributed sends (mpnb.engine.comm_bytes.CommCounter); made by bootstrap
+# before the first process group, so the connections it finds later are the group's.
+comm_counter: Any = None
+
 # The session's active mpnb.Config as a dict (Config.to_dict()); mpnb.prepare reads it.
 config: dict[str, Any] = {}
 

@@ -233,7 +233,7 @@ class CellChart:
         if self.widget is not None:
             self.widget.stop_following()
         samples = [s for s in self.store.samples(since=self.started) if s["rank"] in self.ranks]
-        summary = _text_summary(self.store.peaks(since=self.started))
+        summary = _text_summary(self.store.peaks(since=self.started), self.store.sent(since=self.started))
         bundle: dict[str, Any] = {"text/plain": summary}
         if samples and wants_image:
             self.png = render_png(
@@ -252,11 +252,17 @@ class CellChart:
         self.close()
 
 
-def _text_summary(peaks: dict[int, dict[str, int]]) -> str:
+def _text_summary(peaks: dict[int, dict[str, int]], sent: dict[int, int]) -> str:
+    """ "mpnb memory · rank 0: peak 412 MiB, sent 4.0 MiB; rank 1: ..." ("sent" where any rank sent)."""
     if not peaks:
         return "mpnb memory: no samples"
-    parts = [f"rank {rank}: peak {format_bytes(row.get('used'))}" for rank, row in sorted(peaks.items())]
-    return "mpnb memory · " + ", ".join(parts)
+    show_sent = any(sent.values())
+    parts = [
+        f"rank {rank}: peak {format_bytes(row.get('used'))}"
+        + (f", sent {format_bytes(sent[rank])}" if show_sent and rank in sent else "")
+        for rank, row in sorted(peaks.items())
+    ]
+    return "mpnb memory · " + ("; " if show_sent else ", ").join(parts)
 
 
 def cell_chart(session: Any, display_output: bool = True) -> CellChart:

@@ -4,12 +4,14 @@ It follows the live chart's conventions (labextension/src/chart): per rank, the 
 categories stacked on an axis zoomed to them (so 1 MiB of parameters is not a sliver under
 400 MiB of interpreter), the estimate dashed, the peak marked; on CPU the process RSS is its
 own line on a second axis, not a block under the stack; time in seconds since the cell started.
+Where the ranks sent bytes over torch.distributed, a lower panel per rank draws bytes sent per second.
 No torch here: this runs in the notebook kernel.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 from typing import Any
 
 from mpnb.monitoring.protocol import CATEGORIES, Sample
@@ -26,11 +28,28 @@ LABELS = {"activations": "activations (tracked)"}
 RSS_COLOR = "#555555"
 ESTIMATE_COLOR = "#7b3294"
 CAPACITY_COLOR = "#c44e52"
+SENT_COLOR = "#17becf"
 
 
 def stack_top(sample: Sample) -> int:
     """Bytes the stacked categories reach in one sample."""
     return sum(int(sample.get(c, 0) or 0) for c in CATEGORIES)
+
+
+def sent_rates(samples: list[Sample]) -> tuple[list[float], list[float]]:
+    """One rank's bytes sent per second over each interval between its samples: (end times, rates).
+
+    Only intervals whose two ends carry `comm_sent` count; a counter that went down (the
+    engine was replaced) gives none.
+    """
+    ends: list[float] = []
+    rates: list[float] = []
+    for before, after in itertools.pairwise(samples):
+        a, b, dt = before.get("comm_sent"), after.get("comm_sent"), after["t"] - before["t"]
+        if a is not None and b is not None and b >= a and dt > 0:
+            ends.append(after["t"])
+            rates.append((b - a) / dt)
+    return ends, rates
 
 
 def scale_unit(top: float) -> tuple[float, str]:
@@ -46,7 +65,8 @@ def render_png(
     title: str = "memory per rank",
     t0: float | None = None,
 ) -> bytes:
-    """Per rank: stacked categories, estimate dashed, peak marked, CPU RSS on a right axis; PNG bytes.
+    """Per rank: stacked categories, estimate dashed, peak marked, CPU RSS on a right axis, and under
+    them bytes sent per second when any rank sent some; PNG bytes.
 
     `t0`: the time axis origin (the cell's start); default the first sample.
     """
@@ -56,12 +76,17 @@ def render_png(
     by_rank: dict[int, list[Sample]] = {}
     for sample in samples:
         by_rank.setdefault(int(sample["rank"]), []).append(sample)
+    for data in by_rank.values():
+        data.sort(key=lambda s: s["t"])
     ranks = sorted(by_rank) or [0]
     cols = min(len(ranks), 4)
     rows = (len(ranks) + cols - 1) // cols
-    fig = Figure(figsize=(3.6 * cols, 2.5 * rows), dpi=90, layout="constrained")
+    rates = {rank: sent_rates(data) for rank, data in by_rank.items()}
+    rate_top = max((r for _, rs in rates.values() for r in rs), default=0.0)
+    per_rank = 2 if rate_top > 0 else 1  # a memory axis, and under it one for bytes sent per second
+    fig = Figure(figsize=(3.6 * cols, (2.5 + 0.8 * (per_rank - 1)) * rows), dpi=90, layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(rows, cols, squeeze=False, sharey=True)
+    axes = fig.subplots(rows * per_rank, cols, squeeze=False, height_ratios=[3, 1][:per_rank] * rows)
     if t0 is None:
         t0 = min((s["t"] for s in samples), default=0.0)
     # The left axis is zoomed to the stacked categories and the estimate, never to the RSS.
@@ -72,10 +97,13 @@ def render_png(
     scale, unit = scale_unit(top)
     rss_top = max((s["used"] for s in samples if s.get("device_kind") == "cpu"), default=0)
     rss_scale, rss_unit = scale_unit(rss_top)
+    rate_scale, rate_unit = scale_unit(rate_top)
     handles: dict[str, Any] = {}
     for i, rank in enumerate(ranks):
-        ax = axes[i // cols][i % cols]
-        data = sorted(by_rank.get(rank, []), key=lambda s: s["t"])
+        row, col = i // cols * per_rank, i % cols
+        ax = axes[row][col]
+        bottom = axes[row + per_rank - 1][col]  # the time axis is labelled under the rank's last panel
+        data = by_rank.get(rank, [])
         ax.set_title(f"rank {rank}", fontsize=9)
         if not data:
             continue
@@ -107,12 +135,25 @@ def render_png(
             right.tick_params(labelsize=7, colors=RSS_COLOR)
             if i % cols == cols - 1 or i == len(ranks) - 1:
                 right.set_ylabel(f"RSS, {rss_unit}", fontsize=8, color=RSS_COLOR)
-        ax.set_xlabel("seconds since the cell started", fontsize=7)
         ax.set_xlim(left=0)
-        ax.tick_params(labelsize=7)
+        ax.tick_params(labelsize=7, labelleft=col == 0)
         ax.set_ylim(0, top * 1.18 / scale)  # headroom for the peak label
+        if per_rank == 2:
+            ends, rank_rates = rates.get(rank, ([], []))
+            bottom.sharex(ax)
+            ax.tick_params(labelbottom=False)
+            if ends:
+                handles["sent per second"] = bottom.fill_between(
+                    [e - t0 for e in ends], [r / rate_scale for r in rank_rates], step="pre",
+                    color=SENT_COLOR, alpha=0.8, linewidth=0)
+            bottom.set_ylim(0, rate_top * 1.1 / rate_scale)
+            bottom.tick_params(labelsize=7, labelleft=col == 0)
+            if col == 0:
+                bottom.set_ylabel(f"sent, {rate_unit}/s", fontsize=7)
+        bottom.set_xlabel("seconds since the cell started", fontsize=7)
     for j in range(len(ranks), rows * cols):
-        axes[j // cols][j % cols].set_visible(False)
+        for k in range(per_rank):
+            axes[j // cols * per_rank + k][j % cols].set_visible(False)
     axes[0][0].set_ylabel(unit, fontsize=8)
     if handles:
         fig.legend(list(handles.values()), list(handles), fontsize=6, loc="outside lower center",

@@ -50,11 +50,13 @@ SAMPLE_KEYS = (
     "device_used",
     "oom_count",
     *CATEGORIES,
+    "comm_sent",
 )
 # The fields the kernel needs to store a sample; a sample lacking one is dropped.
 REQUIRED_KEYS = ("rank", "t", "used")
 DEVICE_KINDS = ("cpu", "cuda")
-# Non-negative integer fields (bytes and counts); device_used may also be None (no NVML).
+# Non-negative integer fields (bytes and counts); device_used (no NVML) and comm_sent (no count on
+# this rank: CUDA, no process group) may also be None.
 COUNT_KEYS = ("used", "reserved", "peak", "capacity", "oom_count", *CATEGORIES)
 
 # Limits on what the kernel accepts. Engines send at most 0.25 s of samples per message (3 at
@@ -85,11 +87,13 @@ def make_sample(
     device_used: int | None,
     oom_count: int,
     parts: dict[str, int],
+    comm_sent: int | None = None,
 ) -> Sample:
     """One sample; `other` is what CUDA's allocated bytes hold beyond the Trainer's parts.
 
     On CPU `used` is the process RSS: mostly the interpreter and torch's libraries, not
     tensors, so nothing of it is stacked as `other` (0); the chart draws RSS as its own line.
+    `comm_sent`: bytes this rank has sent over torch.distributed so far (`mpnb.engine.comm_bytes`).
     """
     accounted = sum(parts.get(key, 0) for key in PARTS)
     return {
@@ -105,6 +109,7 @@ def make_sample(
         "oom_count": oom_count,
         **{key: parts.get(key, 0) for key in PARTS},
         "other": max(0, used - accounted) if device_kind == "cuda" else 0,
+        "comm_sent": comm_sent,
     }
 
 
@@ -222,9 +227,10 @@ def valid_sample(sample: Any) -> Sample | None:
     for key in COUNT_KEYS:
         if key in sample and not _int_in(sample[key], 0, _MAX_COUNT):
             return None
-    device_used = sample.get("device_used")
-    if device_used is not None and not _int_in(device_used, 0, _MAX_COUNT):
-        return None
+    for key in ("device_used", "comm_sent"):
+        value = sample.get(key)
+        if value is not None and not _int_in(value, 0, _MAX_COUNT):
+            return None
     if "busy" in sample and type(sample["busy"]) is not bool:
         return None
     if "device_kind" in sample and sample["device_kind"] not in DEVICE_KINDS:

@@ -130,6 +130,15 @@ class MemoryStore:
                     row[key] = max(row.get(key, 0), int(value))
         return out
 
+    def sent(self, since: float | None = None) -> dict[int, int]:
+        """Per rank that counts them, the bytes sent over torch.distributed between its first and last
+        sample since `since` (none for a rank whose counter went down: its engine was replaced)."""
+        counts: dict[int, list[int]] = {}
+        for sample in self.samples(since=since):
+            if sample.get("comm_sent") is not None:
+                counts.setdefault(int(sample["rank"]), []).append(int(sample["comm_sent"]))
+        return {rank: c[-1] - c[0] for rank, c in counts.items() if c[-1] >= c[0]}
+
     def clear(self) -> None:
         with self._lock:
             self._history.clear()

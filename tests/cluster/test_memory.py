@@ -123,6 +123,7 @@ def test_cell_chart_streams_live_then_leaves_a_png(kernel):
     samples = [s for b in batches for s in b["samples"]]
     for rank in (0, 1):
         assert sum(1 for s in samples if s["rank"] == rank and s["busy"]) >= 12
+    assert all(isinstance(s["comm_sent"], int) for s in samples)  # CPU ranks count their bytes sent
     # batched: at most ~10 messages a second to the browser, however many ranks send
     sent = sorted(_sent_at(out, model_id))
     assert len(sent) == len(batches) and min(b - a for a, b in itertools.pairwise(sent)) >= 0.08
@@ -208,3 +209,15 @@ def test_distributed_cell_shows_the_chart_unless_no_monitor(kernel):
         and {WIDGET_MIME, "image/png"} & set(m["content"]["data"])
     ]
     assert charts == []
+
+
+def test_a_cell_that_all_reduces_4_mib_shows_4_mib_sent_by_each_rank(kernel):
+    # the sleeps put a sample before and after the all-reduce (10 Hz while busy)
+    code = "import time\ntime.sleep(0.3)\ndist.all_reduce(torch.ones(1 << 20))\ntime.sleep(0.3)"
+    started = kernel.value("time.time()")
+    out = kernel.run(f"%%distributed\n{code}")
+    sent = {int(rank): n for rank, n in kernel.value(f"s.memory.sent(since={started})").items()}
+    # gloo's ring all-reduce on 2 ranks sends each rank's half twice: the tensor's 4 MiB, plus headers
+    assert set(sent) == {0, 1} and all(4 << 20 <= n <= (4 << 20) * 1.01 for n in sent.values()), sent
+    summary = [m for m in out if m["msg_type"] == "update_display_data"][-1]["content"]["data"]["text/plain"]
+    assert summary.count("sent 4.0 MiB") == 2, summary

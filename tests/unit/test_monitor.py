@@ -152,6 +152,9 @@ BAD_FIELDS = [
     {"peak": None},
     {"device_used": "a"},
     {"device_used": -1},
+    {"comm_sent": -1},
+    {"comm_sent": "4096"},
+    {"comm_sent": 1.5},
     {"parameters": [1]},
     {"oom_count": False},
 ]
@@ -166,10 +169,12 @@ def test_a_signed_sample_with_a_bad_field_is_dropped_and_counted(bad):
 
 def test_valid_samples_keep_their_fields_and_lose_unknown_ones():
     verifier, signer = protocol.Verifier(KEY), protocol.Signer(KEY)
-    cuda = _good_sample(3, device_kind="cuda", device_used=7, busy=True, t=1_700_000_000)
+    cuda = _good_sample(3, device_kind="cuda", device_used=7, busy=True, t=1_700_000_000, comm_sent=None)
+    sending = _good_sample(5, comm_sent=4 << 20)
     minimal = {"rank": 4, "t": 1.5, "used": 0}  # what older senders and hand-made messages carry
-    decoded = protocol.decode(verifier, _packed(signer, [cuda, {**minimal, "junk": "x" * 100}, "nope"]))
-    assert decoded.samples == [cuda, minimal] and decoded.invalid == 1
+    junk = {**minimal, "junk": "x" * 100}
+    decoded = protocol.decode(verifier, _packed(signer, [cuda, sending, junk, "nope"]))
+    assert decoded.samples == [cuda, sending, minimal] and decoded.invalid == 1
     assert decoded.estimate is None
 
 
