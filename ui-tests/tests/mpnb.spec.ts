@@ -104,6 +104,15 @@ test('sidebar, status bar, memory chart and stop on a 2-rank cluster', async ({ 
       await expect(activations).toHaveAttribute('aria-pressed', 'false');
       await screenshot(page, 'e2e-1b-activations-hidden');
       await activations.click();
+      // DDP's all-reduces show under each rank's memory as bytes sent per second; the key hides them
+      const comm = sidebar.locator('.mpnb-rank-chart[data-rank="0"] .mpnb-rank-chart-comm');
+      await expect(comm).toBeVisible();
+      await expect(sidebar.locator('.mpnb-rank-chart-summary').first()).toContainText(/sent\s[\d.]+\s(KiB|MiB)\/s/);
+      const sent = sidebar.locator('.mpnb-memory-chart-key button[data-comm="sent"]');
+      await sent.click();
+      await expect(comm).toBeHidden();
+      await sent.click();
+      await expect(comm).toBeVisible();
     });
 
     await test.step('the checkpoint the cell saved is listed under the chart', async () => {

@@ -40,6 +40,9 @@ export class MemoryChart {
   decimate = true;
   /** Categories the key has hidden: not stacked, and the axis zooms to the rest. */
   readonly hidden: Set<Category>;
+  /** Whether the key has hidden the bytes-sent panels. */
+  commHidden = false;
+  private _commKey: HTMLElement | null;
   private _plots = new Map<number, RankPlot>();
   private _plotsNode: HTMLDivElement;
   private _empty: HTMLDivElement;
@@ -61,7 +64,15 @@ export class MemoryChart {
     this.node = document.createElement('div');
     this.node.className = 'mpnb-memory-chart';
     this.hidden = new Set(options.hidden ?? []);
-    this.node.appendChild(legendKey(this.hidden, c => this.toggle(c)));
+    const key = legendKey(this.hidden, c => this.toggle(c), {
+      hidden: () => this.commHidden,
+      onToggle: () => this.toggleComm()
+    });
+    this._commKey = key.querySelector<HTMLElement>('[data-comm]');
+    if (this._commKey) {
+      this._commKey.hidden = true; // until a rank reports comm_sent (never on CUDA/NCCL)
+    }
+    this.node.appendChild(key);
     this._empty = document.createElement('div');
     this._empty.className = 'mpnb-memory-chart-empty';
     this._empty.textContent = 'Waiting for memory samples…';
@@ -117,6 +128,13 @@ export class MemoryChart {
     this.requestDraw();
   }
 
+  /** Hide or show the bytes-sent panels in every rank. */
+  toggleComm(): void {
+    this.commHidden = !this.commHidden;
+    this.invalidate();
+    this.requestDraw();
+  }
+
   /** Forget what was drawn, so the next draw redraws every rank. */
   invalidate(): void {
     for (const plot of this._plots.values()) {
@@ -166,8 +184,11 @@ export class MemoryChart {
       const buckets = this.decimate ? Math.max(25, plot.width / 2) : Number.MAX_SAFE_INTEGER;
       const series = this.history.series(rank, buckets, this.hidden);
       points += series.t.length;
-      plot.update(series, this.hidden);
+      plot.update(series, this.hidden, !this.commHidden);
       plot.drawnKey = plot.drawn ? key : '';
+    }
+    if (this._commKey) {
+      this._commKey.hidden = ![...this._plots.values()].some(p => p.commMeasured);
     }
     this._drawnVersion = this.history.version;
     const ms = performance.now() - start;
@@ -202,7 +223,7 @@ export class MemoryChart {
   }
 
   private _keyOf(plot: RankPlot): string {
-    return `${this.history.drawKey(plot.rank)}:${plot.width}:${[...this.hidden].join(',')}`;
+    return `${this.history.drawKey(plot.rank)}:${plot.width}:${[...this.hidden].join(',')}:${this.commHidden}`;
   }
 
   private _insertPlot(rank: number, plot: RankPlot): void {

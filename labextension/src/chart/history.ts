@@ -4,6 +4,7 @@
  * unit-tested and shared by the sidebar and the in-notebook widget.
  */
 import { gather, minMaxIndices } from './decimate';
+import { intervalRates, recentRate } from './rates';
 import { RingBuffer } from './ringbuffer';
 
 /** One memory sample, as docs/internals.md specifies (bytes as numbers). */
@@ -23,6 +24,8 @@ export interface IMemorySample {
   optimizer?: number;
   activations?: number;
   other?: number;
+  /** Cumulative bytes this rank sent over torch.distributed; null/absent where not measured. */
+  comm_sent?: number | null;
 }
 
 /**
@@ -39,7 +42,8 @@ const CAT0 = 1; // the categories: columns 1..5
 const USED = 6;
 const PEAK = 7;
 const BUSY = 8;
-const WIDTH = 9;
+const SENT = 9; // comm_sent, NaN when absent
+const WIDTH = 10;
 /** Index of the stack's top in `IRankSeries.stacked`. */
 export const TOP = CATEGORIES.length - 1;
 
@@ -66,6 +70,16 @@ export interface IRankSeries {
   capacity: number;
   deviceKind: string;
   estimate: number | null;
+  /**
+   * Bytes/s sent at each kept row: the average over the interval from the previous kept
+   * row (so decimation keeps the bytes: the area under the steps); NaN at row 0, where
+   * comm_sent is missing, or where the counter went down (an engine restart) in between.
+   */
+  sentRate: Float64Array;
+  /** Average bytes/s over the newest ~second of rows (rates.ts); null if not measured. */
+  sentNow: number | null;
+  /** Whether any sample in the window carried comm_sent. */
+  sentMeasured: boolean;
   /** Rows kept before decimation (for tests and the benchmark). */
   rawLength: number;
 }
@@ -223,6 +237,7 @@ export class MemoryHistory {
       row[USED] = used;
       row[PEAK] = Math.max(num(s.peak), used);
       row[BUSY] = s.busy ? 1 : 0;
+      row[SENT] = typeof s.comm_sent === 'number' && Number.isFinite(s.comm_sent) ? s.comm_sent : NaN;
       data.buffer.push(row);
       data.version++;
       if (s.capacity) {
@@ -272,6 +287,9 @@ export class MemoryHistory {
         capacity: this._capacity || (data?.capacity ?? 0),
         deviceKind: data?.deviceKind ?? '',
         estimate: this.estimate(rank),
+        sentRate: empty,
+        sentNow: null,
+        sentMeasured: false,
         rawLength: 0
       };
     }
@@ -306,6 +324,7 @@ export class MemoryHistory {
       stacked.push(next);
       acc = next;
     });
+    const sent = buf.column(SENT);
     const origin = this.origin;
     const times = gather(t, idx);
     for (let k = 0; k < times.length; k++) {
@@ -324,6 +343,9 @@ export class MemoryHistory {
       capacity: this._capacity || data.capacity,
       deviceKind: data.deviceKind,
       estimate: this.estimate(rank),
+      sentRate: intervalRates(t, sent, idx),
+      sentNow: recentRate(t, sent),
+      sentMeasured: sent.some(Number.isFinite),
       rawLength: n
     };
   }

@@ -1,11 +1,18 @@
-/** One rank of the memory chart: a header line, a uPlot and a hover readout. */
+/**
+ * One rank of the memory chart: a header line, the memory uPlot, under it a small uPlot of
+ * the bytes sent per second (only where the rank reports comm_sent) and a hover readout.
+ */
 import uPlot from 'uplot';
 
 import { formatBytes, formatElapsed } from './format';
 import { CATEGORIES, Category, IRankSeries, TOP } from './history';
 import { CATEGORY_LABELS, PEAK_COLOR } from './legend';
-import { plotOptions } from './plotoptions';
-import { scalesOf } from './scale';
+import { commPlotOptions, formatRate, plotOptions, stepData } from './plotoptions';
+import { scalesOf, sentMax } from './scale';
+
+/** Height of the communication panel, CSS pixels. */
+export const COMM_HEIGHT = 50;
+let plotCount = 0; // for cursor-sync keys: two charts may show the same rank
 
 export class RankPlot {
   readonly node: HTMLDivElement;
@@ -24,6 +31,10 @@ export class RankPlot {
   private _rssMax = 1;
   private _rssAxis = false;
   private _capacityShown = false;
+  private _commHost: HTMLDivElement;
+  private _commPlot: uPlot | null = null;
+  private _commMax = 1;
+  private _syncKey = `mpnb-rank-plot-${++plotCount}`;
 
   constructor(
     readonly rank: number,
@@ -42,9 +53,12 @@ export class RankPlot {
     this.host = document.createElement('div');
     this.host.className = 'mpnb-rank-chart-plot';
     this.host.dataset.rank = String(rank);
+    this._commHost = document.createElement('div');
+    this._commHost.className = 'mpnb-rank-chart-comm';
+    this._commHost.hidden = true;
     this._readout = document.createElement('div');
     this._readout.className = 'mpnb-rank-chart-readout';
-    this.node.append(header, this.host, this._readout);
+    this.node.append(header, this.host, this._commHost, this._readout);
     this._title.textContent = `rank ${rank}`;
   }
 
@@ -56,6 +70,16 @@ export class RankPlot {
   /** Whether the uPlot exists (it needs a width, i.e. the chart attached). */
   get drawn(): boolean {
     return this._plot !== null;
+  }
+
+  /** Whether the last series carried comm_sent (the key shows its toggle then). */
+  get commMeasured(): boolean {
+    return this._series?.sentMeasured ?? false;
+  }
+
+  /** Whether the communication panel is shown. */
+  get commShown(): boolean {
+    return !this._commHost.hidden;
   }
 
   /** Number of points currently drawn (for tests: "the chart has points"). */
@@ -70,11 +94,17 @@ export class RankPlot {
       if (this._plot && width > 0) {
         this._plot.setSize({ width, height: this._height });
       }
+      if (this._commPlot && width > 0) {
+        this._commPlot.setSize({ width, height: COMM_HEIGHT });
+      }
     }
   }
 
-  /** Draw `series`; `hidden` categories get no area (their stacked tops add nothing). */
-  update(series: IRankSeries, hidden: ReadonlySet<Category> = new Set()): void {
+  /**
+   * Draw `series`; `hidden` categories get no area (their stacked tops add nothing). The
+   * communication panel is drawn when `commShown` and the rank reports comm_sent.
+   */
+  update(series: IRankSeries, hidden: ReadonlySet<Category> = new Set(), commShown = true): void {
     this._series = series;
     const n = series.t.length;
     const estimate = series.estimate;
@@ -98,11 +128,15 @@ export class RankPlot {
     if (series.capacity > 0) {
       summary.push(`of ${formatBytes(series.capacity)}`);
     }
+    if (series.sentNow !== null && (series.busy || series.sentNow > 0)) {
+      summary.push(`sent ${formatRate(series.sentNow)}`);
+    }
     // No-break spaces inside an item: a narrow sidebar wraps between items, never "7.83 | MiB".
     this._summary.textContent = summary.map(item => item.replace(/ /g, '\u00a0')).join(' · ');
+    const showComm = commShown && series.sentMeasured;
+    this._commHost.hidden = !showComm;
     if (this._plot && this._rssAxis !== cpu) {
-      this._plot.destroy(); // the device became known: add or drop the RSS axis
-      this._plot = null;
+      this._destroyPlots(); // the device became known: add or drop the RSS axis (and the panel's matching edge)
     }
     if (!this._plot) {
       if (this.width <= 0) {
@@ -123,13 +157,24 @@ export class RankPlot {
       fill(series.capacity, this._capacityShown),
       cpu ? series.usedRows : fill(null, false)
     ] as uPlot.AlignedData));
+    if (showComm) {
+      this._commMax = sentMax(series);
+      const comm = (this._commPlot ??= this._createComm());
+      comm.batch(() => comm.setData([series.t, stepData(series.sentRate)] as uPlot.AlignedData));
+    }
     this._showReadout(this._plot.cursor.idx ?? null);
   }
 
   dispose(): void {
+    this._destroyPlots();
+    this.node.remove();
+  }
+
+  private _destroyPlots(): void {
     this._plot?.destroy();
     this._plot = null;
-    this.node.remove();
+    this._commPlot?.destroy();
+    this._commPlot = null;
   }
 
   private _create(): uPlot {
@@ -138,8 +183,16 @@ export class RankPlot {
       rssMax: () => this._rssMax,
       onCursor: idx => this._showReadout(idx),
       onDraw: u => this._drawPeak(u)
-    }, this._rssAxis);
+    }, this._rssAxis, this._syncKey);
     return new uPlot(opts, opts.series.map(() => []) as unknown as uPlot.AlignedData, this.host);
+  }
+
+  private _createComm(): uPlot {
+    const opts = commPlotOptions(this.node, this.width, COMM_HEIGHT, {
+      yMax: () => this._commMax,
+      onCursor: idx => this._showReadout(idx)
+    }, this._rssAxis, this._syncKey);
+    return new uPlot(opts, opts.series.map(() => []) as unknown as uPlot.AlignedData, this._commHost);
   }
 
   /** Exact numbers under the cursor, or the newest sample when not hovering. */
@@ -157,6 +210,10 @@ export class RankPlot {
     parts.push(`stack ${formatBytes(s.stacked[TOP][i])}`);
     if (cpu) {
       parts.push(`RSS ${formatBytes(s.usedRows[i])}`);
+    }
+    if (s.sentMeasured) {
+      // The row's interval (from the row before); "now" is the newest second, as in the header.
+      parts.push(`sent ${formatRate(idx === null ? s.sentNow ?? NaN : s.sentRate[i])}`);
     }
     this._readout.textContent = `${idx === null ? 'now' : formatElapsed(s.t[i])} · ${parts.join(' · ')}`;
   }

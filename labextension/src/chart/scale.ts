@@ -36,6 +36,15 @@ export function scalesOf(series: IRankSeries, showEstimate = true): IScales {
   return { yMax, capacityShown, rssMax };
 }
 
+/** The smallest top of the bytes-sent axis (bytes/s): an idle rank still gets a scale. */
+export const MIN_SENT_TOP = 1024;
+
+/** Top of the communication panel's axis (bytes/s). */
+export function sentMax(series: IRankSeries): number {
+  return Math.max(maxOf(series.sentRate), MIN_SENT_TOP) * HEADROOM;
+}
+
+/** The largest value, at least 0; NaN is skipped. */
 export function maxOf(values: ArrayLike<number>): number {
   let max = 0;
   for (let i = 0; i < values.length; i++) {

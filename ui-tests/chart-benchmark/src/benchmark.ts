@@ -15,6 +15,8 @@ import { IMemorySample, MemoryHistory } from '../../../lib/chart/history';
 export const BENCHMARK_COMMAND = 'mpnb:chart-benchmark';
 
 const MiB = 1024 * 1024;
+// Bytes sent count from a day before the benchmark starts (unix seconds would overflow 2^53 bytes).
+const SENT_FROM = Date.now() / 1000 - 86400;
 
 function sample(rank: number, t: number): IMemorySample {
   const phase = t * 0.7 + rank;
@@ -23,6 +25,8 @@ function sample(rank: number, t: number): IMemorySample {
   const optimizer = 240 * MiB;
   const other = 80 * MiB + 40 * MiB * Math.abs(Math.sin(phase * 3.1));
   const used = parameters + gradients + optimizer + other;
+  // 50 MiB/s give or take 20, always rising: the integral of 50 + 20 sin(phase) MiB/s
+  const sent = 50 * MiB * (t - SENT_FROM) - ((20 * MiB) / 0.7) * Math.cos(phase) + 30 * MiB;
   return {
     rank,
     t,
@@ -37,7 +41,8 @@ function sample(rank: number, t: number): IMemorySample {
     parameters,
     gradients,
     optimizer,
-    other
+    other,
+    comm_sent: Math.round(sent)
   };
 }
 
