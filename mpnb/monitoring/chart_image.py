@@ -28,7 +28,7 @@ LABELS = {"activations": "activations (tracked)"}
 RSS_COLOR = "#555555"
 ESTIMATE_COLOR = "#7b3294"
 CAPACITY_COLOR = "#c44e52"
-SENT_COLOR = "#17becf"
+SENT_COLOR = "#2a9d8f"  # the live chart's (labextension/src/chart/legend.ts)
 
 
 def stack_top(sample: Sample) -> int:
