@@ -56,13 +56,22 @@ def listening_sockets() -> list[tuple[int, str, str, int]]:
     for proc in [psutil.Process(), *psutil.Process().children(recursive=True)]:
         try:
             command = " ".join(proc.cmdline())[:80]
-            links = [os.readlink(f"/proc/{proc.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{proc.pid}/fd")]
+            fds = os.listdir(f"/proc/{proc.pid}/fd")
         except (OSError, psutil.Error):
             continue  # gone meanwhile
-        for link in links:
+        for link in filter(None, (_link(f"/proc/{proc.pid}/fd/{fd}") for fd in fds)):
             if link.startswith("socket:[") and int(link[8:-1]) in by_inode:
                 found.append((proc.pid, command, *by_inode[int(link[8:-1])]))
     return found
+
+
+def _link(path: str) -> str | None:
+    """Where an fd points, or None once it closed: engines open and close files all the time (imports,
+    the monitor's fd scan), and one closed fd must not hide the process's sockets."""
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
 
 
 def assert_only_loopback(sess) -> list[tuple[int, str, str, int]]:
