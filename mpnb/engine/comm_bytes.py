@@ -24,6 +24,7 @@ import threading
 import time
 
 from mpnb.engine import state
+from mpnb.engine.gloo_unblock import socket_fds
 
 # struct tcp_info (linux/tcp.h): tcpi_bytes_acked is the u64 at byte 120 (since Linux 4.1)
 _TCP_INFO_LEN = 232
@@ -32,24 +33,6 @@ _BYTES_ACKED_OFFSET = 120
 # New connections (a process group formed in a cell) are looked for at most this often; bytes_acked
 # counts from a connection's start, so one found late loses nothing.
 RESCAN_S = 2.0
-_FD_DIR = "/proc/self/fd"
-
-
-def _socket_inodes() -> dict[int, int]:
-    """fd -> inode of every socket this process holds."""
-    found = {}
-    try:
-        names = os.listdir(_FD_DIR)
-    except OSError:
-        return found
-    for name in names:
-        try:
-            target = os.readlink(f"{_FD_DIR}/{name}")
-        except OSError:  # closed since the listing
-            continue
-        if target.startswith("socket:["):
-            found[int(name)] = int(target[8:-1])
-    return found
 
 
 def _borrow(fd: int, family: int = socket.AF_INET) -> socket.socket:
@@ -101,7 +84,7 @@ class CommCounter:
     """Bytes sent over the TCP connections opened since it was made; `sent()` never goes down."""
 
     def __init__(self) -> None:
-        self._older = set(_socket_inodes().values())  # ipyparallel's, the kernel's: not ours to count
+        self._older = set(socket_fds("self"))  # ipyparallel's, the kernel's: not ours to count
         self._tracked: dict[int, tuple[int, int, int]] = {}  # inode -> (fd, family, bytes acked last read)
         self._retired = 0  # what connections that closed had sent when last read
         self._scanned = float("-inf")
@@ -126,7 +109,7 @@ class CommCounter:
             return self._retired + live
 
     def _rescan(self) -> None:
-        for fd, inode in _socket_inodes().items():
+        for inode, fd in socket_fds("self").items():
             if inode in self._older or inode in self._tracked:
                 continue
             family = _tcp_peer_family(fd)

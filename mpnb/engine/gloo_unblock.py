@@ -47,9 +47,9 @@ def shut_down_connections_to(pids: list[int]) -> int:
         log.debug("mpnb: not shutting down connections to %s: %s", pids, UNSUPPORTED_REASON)
         return 0
     table = _tcp_connections()
-    peer_ends = {table[inode][0] for pid in pids for inode in _socket_fds(pid) if inode in table}
+    peer_ends = {table[inode][0] for pid in pids for inode in socket_fds(pid) if inode in table}
     count = 0
-    for inode, fd in _socket_fds("self").items():
+    for inode, fd in socket_fds("self").items():
         if inode in table and table[inode][1] in peer_ends:
             sock = socket.socket(fileno=fd)
             try:
@@ -73,7 +73,7 @@ def same_processes(peers: list[tuple[int, int | None]]) -> list[int]:
     ]
 
 
-def _socket_fds(pid: int | str) -> dict[int, int]:
+def socket_fds(pid: int | str) -> dict[int, int]:
     """Socket inode -> fd number for the process `pid` ("self" for this one)."""
     found = {}
     directory = f"/proc/{pid}/fd"
