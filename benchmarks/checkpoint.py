@@ -151,10 +151,12 @@ def hwm_rise(fn):
 
 def dcp_save(path):
     # torch.distributed.checkpoint alone, as mpnb calls it: the floor under trainer.save
-    from torch.distributed.checkpoint import FileSystemWriter, save
+    from torch.distributed.checkpoint import DefaultSavePlanner, FileSystemWriter, save
+    from mpnb.engine.checkpoint.writer import WRITE_THREADS
     state = trainer.checkpoint_state()
     state.get("optim", {{}}).pop("param_groups", None)
-    save(state, storage_writer=FileSystemWriter(path))
+    save(state, storage_writer=FileSystemWriter(path, thread_count=WRITE_THREADS),
+         planner=DefaultSavePlanner(enable_plan_caching=True))
 
 
 def bench_save_load(reps):

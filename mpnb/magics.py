@@ -91,7 +91,7 @@ def _build_parsers() -> dict[str, _Parser]:
     ckpt = p["checkpoint"] = _parser("checkpoint")
     ckpt.add_argument("action", choices=("info", "list", "save", "load"))
     ckpt.add_argument("path", nargs="?", default=None, help="the checkpoint (list: the folder to look in)")
-    ckpt.add_argument("--verify", action="store_true", help="info: also compare every file's CRC-32")
+    ckpt.add_argument("--verify", action="store_true", help="info: also compare every file's checksum")
     ckpt.add_argument("--background", action="store_true", help="save: write while training goes on")
     ckpt.add_argument("--no-optimizer", action="store_true", help="load: the weights only")
     return p

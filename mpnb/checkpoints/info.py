@@ -128,7 +128,7 @@ def checkpoint_info(path: str | os.PathLike[str], *, verify: bool = False) -> Ch
     """What the checkpoint at `path` holds (no torch, no cluster needed); `CheckpointError` if it is none.
 
     Missing and truncated files are always found (their sizes are compared with
-    the manifest's); `verify=True` also reads every file to compare its CRC-32,
+    the manifest's); `verify=True` also reads every file to compare its checksum,
     which finds corrupted bytes at the cost of reading the whole checkpoint.
     """
     root = Path(path).absolute()
@@ -156,9 +156,9 @@ def checkpoint_info(path: str | os.PathLike[str], *, verify: bool = False) -> Ch
 
 
 def damaged_files(root: Path, manifest: dict[str, Any], *, verify: bool) -> list[str]:
-    """Missing or truncated files; with `verify`, also those whose bytes changed (CRC-32)."""
+    """Missing or truncated files; with `verify`, also those whose bytes changed (checksum)."""
     problems = missing_or_short_files(root, manifest)
-    if verify:  # the CRC of files whose size is right (the others are reported already)
+    if verify:  # the checksum of files whose size is right (the others are reported already)
         whole = [f for f in listed_files(manifest)
                  if (root / f[1]).is_file() and (root / f[1]).stat().st_size == f[2]["bytes"]]
         problems += corrupted_files(root, whole)

@@ -149,9 +149,9 @@ def test_what_cannot_be_exported_is_a_checkpoint_error(gpt, tmp_path: Path) -> N
     shutil.copytree(path, damaged)
     shard = next(damaged.glob("__0_*.distcp"))
     data = bytearray(shard.read_bytes())
-    data[-100] ^= 0xFF  # same size, other bytes: the CRC check catches it before anything is written
+    data[-100] ^= 0xFF  # same size, other bytes: the checksum catches it before anything is written
     shard.write_bytes(bytes(data))
-    with pytest.raises(CheckpointError, match=r"damaged \(__0_.*CRC-32"):
+    with pytest.raises(CheckpointError, match=r"damaged \(__0_.*checksum differs"):
         mpnb.export_checkpoint(damaged, tmp_path / "d.safetensors")
     assert not (tmp_path / "d.safetensors").exists() and _leftovers(tmp_path) == []
 

@@ -97,11 +97,31 @@ def test_truncated_and_corrupted_files_are_found(saved: Path, tmp_path: Path, no
     flipped = _copy(saved, tmp_path / "flipped")
     shard = next(flipped.glob("__0_*.distcp"))
     data = bytearray(shard.read_bytes())
-    data[len(data) // 2] ^= 0xFF  # same size: only the CRC tells
+    data[len(data) // 2] ^= 0xFF  # same size: only the checksum tells
     shard.write_bytes(bytes(data))
     assert checkpoint_info(flipped).problems == []
     [problem] = checkpoint_info(flipped, verify=True).problems
-    assert shard.name in problem and "CRC-32" in problem
+    assert shard.name in problem and "checksum differs" in problem
+
+
+def test_checkpoints_written_with_crc32_sums_are_still_verified(saved: Path, tmp_path: Path) -> None:
+    import zlib
+
+    older = _copy(saved, tmp_path / "older")
+    manifest_path = older / "mpnb.json"
+    manifest = json.loads(manifest_path.read_text())
+    for rank in manifest["ranks"]:
+        for name, entry in rank["files"].items():
+            del entry["xxh3"]
+            entry["crc32"] = zlib.crc32((older / name).read_bytes())
+    manifest_path.write_text(json.dumps(manifest))
+    assert checkpoint_info(older, verify=True).problems == []
+    shard = next(older.glob("__0_*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[-7] ^= 0x01
+    shard.write_bytes(bytes(data))
+    [problem] = checkpoint_info(older, verify=True).problems
+    assert shard.name in problem and "checksum differs" in problem
 
 
 @pytest.mark.parametrize("make", ["missing", "file", "empty_dir", "other_format"])

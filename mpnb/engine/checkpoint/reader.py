@@ -79,7 +79,7 @@ def _complete_manifest(root: Path) -> dict[str, Any]:
 
 
 def _damage_report(root: Path, manifest: dict[str, Any]) -> str | None:
-    """Every file's CRC-32 checked once, the files split among the ranks; the same report on all."""
+    """Every file's checksum checked once, the files split among the ranks; the same report on all."""
     mine = [f for f in fmt.listed_files(manifest) if f[0] % world() == rank()]  # each its own files first
     problems = [p for part in gather(fmt.corrupted_files(root, mine)) for p in part]
     if not problems:

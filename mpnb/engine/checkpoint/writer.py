@@ -45,6 +45,9 @@ from mpnb.errors import CheckpointError
 from mpnb.units import format_bytes
 
 FULL_DISK_MARGIN = 1 << 20  # less free than this after a failed write: the disk filled up
+# DCP splits a rank's tensors over this many files, each written by its own thread: one thread
+# serializes while another waits on its fsync (measured: save time 0.66 of one thread's)
+WRITE_THREADS = 2
 
 
 class SaveHandle:
@@ -110,7 +113,7 @@ def _write_catching(handle: SaveHandle, *args: Any) -> None:
 
 def _write(handle: SaveHandle, target: Path, token: str, state: dict[str, Any], extras: dict[str, Any],
            manifest: dict[str, Any], group: dist.ProcessGroup | None) -> None:
-    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint import DefaultSavePlanner, FileSystemWriter
     from torch.distributed.checkpoint import save as dcp_save
 
     started = time.perf_counter()
@@ -128,8 +131,10 @@ def _write(handle: SaveHandle, target: Path, token: str, state: dict[str, Any], 
         agree(error, group)
         try:
             with single_process_quiet():
-                metadata = dcp_save(state, storage_writer=FileSystemWriter(tmp), process_group=group,
-                                    no_dist=not distributed())
+                # plan caching: a save of the same state as last time skips DCP's gather/scatter of plans
+                metadata = dcp_save(state, storage_writer=FileSystemWriter(tmp, thread_count=WRITE_THREADS),
+                                    planner=DefaultSavePlanner(enable_plan_caching=True),
+                                    process_group=group, no_dist=not distributed())
         except (Exception, checkpoint_exception()) as e:
             why = failure_text(e)
             raise CheckpointError(_failed(target, _disk_full(tmp, why) or why)) from None
@@ -260,7 +265,8 @@ def _rank_record(tmp: Path, me: int, state: dict[str, Any]) -> dict[str, Any]:
         "rank": me,
         "tensors": len(held),
         "bytes": sum(local_bytes(x) for x in held),
-        "files": {n: {"bytes": (tmp / n).stat().st_size, "crc32": fmt.crc32(tmp / n)} for n in sorted(names)},
+        "files": {n: {"bytes": (tmp / n).stat().st_size, fmt.CHECKSUM: fmt.checksum(tmp / n)}
+                  for n in sorted(names)},
     }
 
 
