@@ -17,7 +17,7 @@ export OMP_NUM_THREADS ?= 1
 DS_OPS = $(TORCH_EXTENSIONS_DIR)/.mpnb-ops-built
 PORT ?= 8888
 
-.PHONY: install lab test test-py test-unit test-e2e lint demo browser clean
+.PHONY: install lab test test-py test-unit test-e2e lint demo browser hosts-tools clean
 
 install: $(STAMP) $(DS_OPS)
 
@@ -55,10 +55,15 @@ browser:
 		[ "$$(id -u)" = 0 ] && SUDO= || SUDO=sudo; \
 		$$SUDO apt-get update -q && $$SUDO apt-get install -y -q chromium; }
 
+# iproute2 and unshare for tests/cluster/test_multinode.py's simulated hosts (as root; skipped otherwise).
+hosts-tools:
+	@command -v ip >/dev/null && command -v unshare >/dev/null || { [ "$$(id -u)" != 0 ] || { \
+		apt-get update -q && apt-get install -y -q iproute2 util-linux; }; }
+
 lint: install
 	$(BIN)/ruff check mpnb tests benchmarks
 
-test-py: install mpnb/labextension/package.json
+test-py: install mpnb/labextension/package.json hosts-tools
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The tests that start no engines, kernels or clusters (under a minute): `make test-py` runs them too.

@@ -63,7 +63,8 @@ def controller_ip(client: ipp.Client) -> str | None:
 
 
 def assign_ranks(infos: dict[int, dict[str, Any]], plan: WorldPlan) -> list[dict[str, Any]]:
-    """Order engines by (host, GPU, pid) and number them; local ranks count within each host."""
+    """Order engines by (host, GPU, pid) and number them; local ranks count within each host, and
+    each host's node rank (torchrun's GROUP_RANK) is its place in that order."""
     order = sorted(
         infos,
         key=lambda eid: (
@@ -76,6 +77,7 @@ def assign_ranks(infos: dict[int, dict[str, Any]], plan: WorldPlan) -> list[dict
     for eid in order:
         per_host.setdefault(infos[eid]["host"], []).append(eid)
 
+    hosts = list(per_host)  # in rank order
     rows = []
     for rank, eid in enumerate(order):
         info = infos[eid]
@@ -103,6 +105,8 @@ def assign_ranks(infos: dict[int, dict[str, Any]], plan: WorldPlan) -> list[dict
                 "info": info,
                 "local_rank": local_rank,
                 "local_world_size": len(same_host),
+                "group_rank": hosts.index(info["host"]),
+                "group_world_size": len(hosts),
                 "gpu": gpu,
             }
         )
@@ -147,6 +151,8 @@ def form_world(
             world_size=len(rows),
             local_rank=r["local_rank"],
             local_world_size=r["local_world_size"],
+            group_rank=r["group_rank"],
+            group_world_size=r["group_world_size"],
             master_addr=master_addr,
             master_port=master_port,
             backend=backend,

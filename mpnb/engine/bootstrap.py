@@ -42,23 +42,46 @@ def free_port(address: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _bind_gloo_to(master_addr: str) -> None:
-    """On one host, gloo's own listening sockets go on loopback too (its default follows the host
-    name, which may resolve to an outside address); a loopback choice is dropped on several hosts.
-    Also for nccl worlds: gloo groups made beside them (`new_group(backend="gloo")`) read it."""
+_chosen_ifnames: dict[str, str] = {}  # what mpnb set, which a later world may change (a user's choice stays)
+
+
+def _choose_socket_interfaces(master_addr: str) -> None:
+    """The interface gloo (and NCCL across hosts) listen and connect on, unless the user chose one.
+
+    On one host: loopback for gloo (its default follows the host name, which may resolve to an
+    outside address). On several: the interface that routes to rank 0 for both, since where the
+    host name does not resolve gloo falls back to 127.0.0.1 and every peer refuses it; a loopback
+    choice is replaced there. Gloo groups made beside an nccl world read GLOO_SOCKET_IFNAME too.
+    """
     import psutil
 
-    loopback = {
-        name
-        for name, addrs in psutil.net_if_addrs().items()
-        for a in addrs
-        if a.family in (socket.AF_INET, socket.AF_INET6) and _is_loopback(a.address.split("%")[0])
-    }
-    if _is_loopback(master_addr) and loopback:
-        os.environ["GLOO_SOCKET_IFNAME"] = sorted(loopback)[0]
-        return
-    if os.environ.get("GLOO_SOCKET_IFNAME") in loopback:
-        del os.environ["GLOO_SOCKET_IFNAME"]  # loopback cannot reach other hosts
+    interfaces = psutil.net_if_addrs()
+    loopback = sorted(name for name, addrs in interfaces.items()
+                      if any(_is_loopback(_address(a)) for a in addrs if _is_inet(a)))
+    if _is_loopback(master_addr):
+        choices = {"GLOO_SOCKET_IFNAME": loopback[:1]}
+    else:
+        own = _outbound_ip(master_addr)
+        routed = sorted(name for name, addrs in interfaces.items() if any(_address(a) == own for a in addrs))
+        choices = {"GLOO_SOCKET_IFNAME": routed[:1], "NCCL_SOCKET_IFNAME": routed[:1]}
+    for var, wanted in choices.items():
+        current = os.environ.get(var)
+        users = current is not None and current != _chosen_ifnames.get(var)
+        if users and not (current in loopback and not _is_loopback(master_addr)):
+            continue
+        if wanted:
+            os.environ[var] = _chosen_ifnames[var] = wanted[0]
+        else:
+            os.environ.pop(var, None)
+            _chosen_ifnames.pop(var, None)
+
+
+def _is_inet(addr: Any) -> bool:
+    return addr.family in (socket.AF_INET, socket.AF_INET6)
+
+
+def _address(addr: Any) -> str:
+    return str(addr.address).split("%")[0]  # an IPv6 link-local address carries its scope
 
 
 def _is_loopback(address: str) -> bool:
@@ -99,6 +122,8 @@ def setup(
     world_size: int,
     local_rank: int,
     local_world_size: int,
+    group_rank: int = 0,
+    group_world_size: int = 1,
     master_addr: str,
     master_port: int,
     backend: str,
@@ -116,6 +141,8 @@ def setup(
         "LOCAL_RANK": local_rank,
         "WORLD_SIZE": world_size,
         "LOCAL_WORLD_SIZE": local_world_size,
+        "GROUP_RANK": group_rank,  # the node rank, as torchrun names it
+        "GROUP_WORLD_SIZE": group_world_size,
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": master_port,
     }
@@ -156,7 +183,7 @@ def setup(
 
     if dist.is_initialized():
         dist.destroy_process_group()
-    _bind_gloo_to(master_addr)
+    _choose_socket_interfaces(master_addr)
     timeout = datetime.timedelta(seconds=timeout_s)
     from mpnb.engine import own_group, state
     from mpnb.engine.comm_bytes import CommCounter
@@ -178,6 +205,7 @@ def setup(
 
     state.rank, state.world_size = rank, world_size
     state.local_rank, state.local_world_size = local_rank, local_world_size
+    state.group_rank, state.group_world_size = group_rank, group_world_size
     state.device, state.backend = str(device), backend
     state.master_addr, state.master_port = master_addr, master_port
     state.set_config(config)

@@ -128,14 +128,13 @@ def torchrun_env(run_id: str) -> dict[str, str]:
     local_elastic_agent.py, `_start_workers`), for this rank of the live world."""
     from mpnb.engine import state
 
-    node, nodes = node_of(state.rank, state.local_rank, state.local_world_size, state.world_size)
     env = {
         "RANK": state.rank,
         "LOCAL_RANK": state.local_rank,
         "WORLD_SIZE": state.world_size,
         "LOCAL_WORLD_SIZE": state.local_world_size,
-        "GROUP_RANK": node,
-        "GROUP_WORLD_SIZE": nodes,
+        "GROUP_RANK": state.group_rank,
+        "GROUP_WORLD_SIZE": state.group_world_size,
         "ROLE_RANK": state.rank,  # one role, "default": its ranks are the global ones
         "ROLE_WORLD_SIZE": state.world_size,
         "ROLE_NAME": "default",
@@ -149,13 +148,6 @@ def torchrun_env(run_id: str) -> dict[str, str]:
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
     }
     return {k: str(v) for k, v in env.items()}
-
-
-def node_of(rank: int, local_rank: int, local_world_size: int, world_size: int) -> tuple[int, int]:
-    """(GROUP_RANK, GROUP_WORLD_SIZE): this host's index and the number of hosts, for mpnb's layout of
-    consecutive ranks per host with the same number on each."""
-    per_node = max(local_world_size, 1)
-    return (rank - local_rank) // per_node, max(world_size // per_node, 1)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -298,6 +290,6 @@ def _dunder(name: str) -> bool:
 
 
 __all__ = [
-    "SPAWN_REFUSED", "ScriptExit", "early_exit_note", "exit_failure", "node_of", "own_modules", "run_script",
+    "SPAWN_REFUSED", "ScriptExit", "early_exit_note", "exit_failure", "own_modules", "run_script",
     "spawn_refused", "torchrun_env",
 ]

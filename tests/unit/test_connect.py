@@ -22,12 +22,13 @@ def test_ranks_are_grouped_by_host_whatever_the_engine_ids():
         3: _info("node-a", 400, [0, 1]),
     }
     rows = assign_ranks(infos, WorldPlan(backend=None, timeout_s=60, port=None, devices=None))
-    table = [(r["rank"], r["info"]["host"], r["local_rank"], r["local_world_size"], r["gpu"]) for r in rows]
+    table = [(r["rank"], r["info"]["host"], r["local_rank"], r["local_world_size"], r["gpu"],
+              r["group_rank"], r["group_world_size"]) for r in rows]
     assert table == [
-        (0, "node-a", 0, 2, 0),
-        (1, "node-a", 1, 2, 1),
-        (2, "node-b", 0, 2, 0),
-        (3, "node-b", 1, 2, 1),
+        (0, "node-a", 0, 2, 0, 0, 2),
+        (1, "node-a", 1, 2, 1, 0, 2),
+        (2, "node-b", 0, 2, 0, 1, 2),
+        (3, "node-b", 1, 2, 1, 1, 2),
     ]
     assert [r["engine_id"] for r in rows] == [1, 3, 2, 0]
 

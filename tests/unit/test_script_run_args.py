@@ -163,11 +163,6 @@ def test_torchrun_env_has_every_variable_torchruns_agent_sets() -> None:
     assert all(isinstance(v, str) for v in env.values())
 
 
-def test_node_of_consecutive_ranks_per_host() -> None:
-    assert script_run.node_of(0, 0, 2, 2) == (0, 1)
-    assert script_run.node_of(5, 1, 4, 8) == (1, 2)
-
-
 def test_own_modules_are_the_scripts_not_installed_ones(tmp_path) -> None:
     (tmp_path / "helper_mod_xyz.py").write_text("X = 1\n")
     sys.path.insert(0, str(tmp_path))

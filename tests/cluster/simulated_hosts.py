@@ -1,0 +1,140 @@
+"""Two hosts simulated for real on this machine: network namespaces joined by a Linux bridge.
+
+Each host is a namespace with its own address on a private /24 that exists only between the
+namespaces made here, its own loopback, and its own host name (`unshare --uts`). The controller
+(and the test process, the "kernel") stays in the root namespace on the bridge's address; each
+host runs its engines as a launcher would start them there. `/etc/netns/NS/` gives each host a
+resolver with no name server (lookups fail at once instead of waiting on the machine's resolver)
+and a hosts file in which the host names resolve, or do not.
+
+Everything made here is removed on exit, also when a test fails, and leftovers of a killed run are
+removed before a new start. Needs root and iproute2; `skip_reason()` says why not where they lack.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+NET = "10.77.0"  # private, only between the namespaces made here
+BRIDGE = "mpnbbr0"
+BRIDGE_ADDR = f"{NET}.1"
+HOSTS = {"mpnb-host-a": 11, "mpnb-host-b": 12}  # host name -> last octet
+CLUSTER_ID = "mpnbhosts"
+
+
+@dataclass
+class Hosts:
+    profile_dir: Path
+    cluster_id: str
+    addresses: dict[str, str]  # host name -> its address
+
+
+def skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "simulated hosts need root (network namespaces); CI runs as root"
+    missing = [tool for tool in ("ip", "unshare") if shutil.which(tool) is None]
+    if missing:
+        return f"simulated hosts need {', '.join(missing)} (Debian: iproute2, util-linux)"
+    return None
+
+
+def _namespace(host: str) -> str:
+    return f"ns-{host}"
+
+
+def _ip(*args: str, check: bool = True) -> None:
+    subprocess.run(["ip", *args], check=check, capture_output=True, text=True)
+
+
+def remove_all() -> None:
+    """What a start made (or a killed run left): engines, namespaces, links, resolver files."""
+    for host in HOSTS:
+        ns = _namespace(host)
+        pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
+        _ip("netns", "del", ns, check=False)
+        shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
+    for i in range(len(HOSTS)):  # the kernel frees a deleted namespace's links later, so remove them now
+        _ip("link", "del", f"mpnbv{i}b", check=False)
+    _ip("link", "del", BRIDGE, check=False)
+    with contextlib.suppress(OSError):
+        os.rmdir("/etc/netns")  # only where empty: nobody else's files there
+
+
+def _network(names_resolve: bool) -> None:
+    _ip("link", "add", BRIDGE, "type", "bridge")
+    _ip("addr", "add", f"{BRIDGE_ADDR}/24", "dev", BRIDGE)
+    _ip("link", "set", BRIDGE, "up")
+    for i, (host, octet) in enumerate(HOSTS.items()):
+        ns, inside, outside = _namespace(host), f"mpnbv{i}a", f"mpnbv{i}b"
+        _ip("netns", "add", ns)
+        _ip("link", "add", inside, "type", "veth", "peer", "name", outside)
+        _ip("link", "set", inside, "netns", ns)
+        _ip("link", "set", outside, "master", BRIDGE)
+        _ip("link", "set", outside, "up")
+        _ip("-n", ns, "addr", "add", f"{NET}.{octet}/24", "dev", inside)
+        _ip("-n", ns, "link", "set", inside, "up")
+        _ip("-n", ns, "link", "set", "lo", "up")
+        etc = Path("/etc/netns") / ns
+        etc.mkdir(parents=True, exist_ok=True)
+        (etc / "resolv.conf").write_text("")
+        names = [f"{NET}.{o} {h}" for h, o in HOSTS.items()] if names_resolve else []
+        (etc / "hosts").write_text("\n".join(["127.0.0.1 localhost", *names]) + "\n")
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        if proc.poll() is not None:
+            raise RuntimeError(f"the controller exited ({proc.returncode}) before writing {path.name}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the controller wrote no {path.name} within {seconds:g} s")
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def simulated_hosts(workdir: Path, *, engines_per_host: int = 2,
+                    names_resolve: bool = True) -> Iterator[Hosts]:
+    """A controller on the bridge and `engines_per_host` engines on each simulated host."""
+    remove_all()
+    profile = workdir / "profile_hosts"
+    profile.mkdir(parents=True, exist_ok=True)
+    procs: list[subprocess.Popen] = []
+    try:
+        _network(names_resolve)
+        controller = subprocess.Popen(
+            [sys.executable, "-m", "ipyparallel.controller", f"--profile-dir={profile}",
+             f"--cluster-id={CLUSTER_ID}", f"--ip={BRIDGE_ADDR}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+        procs.append(controller)
+        engine_file = profile / "security" / f"ipcontroller-{CLUSTER_ID}-engine.json"
+        _wait_for(engine_file, controller, 60)
+        engine = (f"{sys.executable} -m ipyparallel.engine --file={engine_file} --profile-dir={profile} "
+                  f"--cluster-id={CLUSTER_ID}")
+        for host in HOSTS:
+            script = f"hostname {host}; " + " ".join([f"{engine} &"] * engines_per_host) + " wait"
+            procs.append(subprocess.Popen(
+                ["ip", "netns", "exec", _namespace(host), "unshare", "--uts", "sh", "-c", script],
+                env=dict(os.environ, OMP_NUM_THREADS="1"),
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            ))
+        yield Hosts(profile, CLUSTER_ID, {h: f"{NET}.{o}" for h, o in HOSTS.items()})
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+        remove_all()
