@@ -170,7 +170,8 @@ def release_peers(peers_by_host: dict[str, list[tuple[int, int | None]]] | None 
 
     `peers_by_host`: the live ranks' (pid, start time when the world formed) by host name; the
     connections to those on this host are shut down too (`mpnb.engine.gloo_unblock`, Linux only),
-    but only where the pid still names the same process (`gloo_unblock.same_processes`).
+    but only where the pid still names the same process (`gloo_unblock.same_processes`), and so
+    are the connections mpnb's group opened when it formed, which reach the ranks on other hosts.
     """
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_initialized():
@@ -185,4 +186,8 @@ def release_peers(peers_by_host: dict[str, list[tuple[int, int | None]]] | None 
     peers = (peers_by_host or {}).get(socket.gethostname(), [])
     with contextlib.suppress(OSError):
         gloo_unblock.shut_down_connections_to(gloo_unblock.same_processes([(p, t) for p, t in peers]))
+    from mpnb.engine import state
+
+    with contextlib.suppress(OSError):  # the group's own connections: also those to other hosts
+        gloo_unblock.shut_down(state.group_connections)
     return True

@@ -6,8 +6,9 @@ neither `abort()` nor `shutdown()` closes them on gloo (measured on torch 2.13:
 the peer waited until this process exited). So `shut_down_connections_to`
 shuts down, at the socket level, this process's TCP connections to the other
 ranks on this host, found through /proc; the waiting peer's recv then fails
-with "Connection closed by peer". Peers on other hosts are not matched and
-return at the process-group timeout.
+with "Connection closed by peer". Peers on other hosts cannot be matched that
+way, so the connections a process group opened while it formed are recorded
+(`connections_opened_by`) and `shut_down` ends them whatever host the peer is on.
 
 Other platforms have no /proc to match connections with: there the call does
 nothing (`UNSUPPORTED_REASON` says why) and blocked peers return at the
@@ -21,8 +22,12 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Callable
+from typing import TypeVar
 
 from mpnb.cluster.reaper import start_ticks
+
+T = TypeVar("T")
 
 log = logging.getLogger("mpnb")
 
@@ -48,9 +53,27 @@ def shut_down_connections_to(pids: list[int]) -> int:
         return 0
     table = _tcp_connections()
     peer_ends = {table[inode][0] for pid in pids for inode in socket_fds(pid) if inode in table}
+    own = socket_fds("self")
+    return shut_down({inode for inode in own if inode in table and table[inode][1] in peer_ends})
+
+
+def connections_opened_by(form: Callable[[], T]) -> tuple[T, set[int]]:
+    """`form()`'s result and the socket inodes of the TCP connections this process opened during it
+    (gloo connects every pair of ranks while its group forms); an empty set where unsupported."""
+    if not SUPPORTED:
+        return form(), set()
+    before = set(socket_fds("self"))
+    result = form()
+    table = _tcp_connections()
+    return result, {inode for inode in set(socket_fds("self")) - before
+                    if inode in table and table[inode][1][1] != 0}  # connected, not listening
+
+
+def shut_down(inodes: set[int]) -> int:
+    """Shut down this process's sockets among `inodes` (recorded by `connections_opened_by`)."""
     count = 0
     for inode, fd in socket_fds("self").items():
-        if inode in table and table[inode][1] in peer_ends:
+        if inode in inodes:
             sock = socket.socket(fileno=fd)
             try:
                 sock.shutdown(socket.SHUT_RDWR)

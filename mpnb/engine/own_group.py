@@ -104,12 +104,18 @@ def forget() -> None:
 
 
 def real_init_process_group(*args: Any, **kwargs: Any) -> Any:
-    """torch's own function, never intercepted (mpnb's own group formation)."""
-    if _original is not None:
-        return _original(*args, **kwargs)
-    import torch.distributed as dist
+    """torch's own function, never intercepted (mpnb's own group formation). The connections the
+    group opens are recorded, so that `control.release_peers` can end them on any host."""
+    from mpnb.engine import gloo_unblock
 
-    return dist.init_process_group(*args, **kwargs)
+    if _original is not None:
+        init = _original
+    else:
+        import torch.distributed as dist
+
+        init = dist.init_process_group
+    result, _state().group_connections = gloo_unblock.connections_opened_by(lambda: init(*args, **kwargs))
+    return result
 
 
 def _state() -> Any:

@@ -17,6 +17,7 @@ local_rank: int = 0
 local_world_size: int = 1
 group_rank: int = 0  # this host's place among the hosts (torchrun's GROUP_RANK)
 group_world_size: int = 1
+group_connections: set[int] = set()  # socket inodes mpnb's process group opened (gloo_unblock)
 device: str = "cpu"  # "cpu" or "cuda:N" (N is always 0 after CUDA_VISIBLE_DEVICES binding)
 backend: str = "gloo"
 master_addr: str = "127.0.0.1"  # where rank 0 serves the group's store (`%mpnb run` sets MASTER_*)

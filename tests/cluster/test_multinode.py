@@ -12,6 +12,7 @@ import time
 import pytest
 
 import mpnb
+from tests.helpers import run
 
 from .simulated_hosts import HOSTS, simulated_hosts, skip_reason
 from .strategy_runs import assert_close, cluster_run, install, local_run
@@ -122,3 +123,40 @@ def test_memory_samples_arrive_from_every_host(session, view):
     while time.monotonic() < deadline and len(session.memory.latest()) < WORLD:
         time.sleep(0.2)
     assert sorted(session.memory.latest()) == list(range(WORLD))
+
+
+RANK_0_FAILS_WHILE_THE_OTHERS_WAIT = (
+    "%%distributed --no-monitor\n"
+    "import time\n"
+    "t = torch.ones(1)\n"
+    "if rank == 0:\n"
+    "    time.sleep(0.5)\n"
+    "    raise ValueError('bad batch on rank 0')\n"
+    "dist.all_reduce(t)\n"
+)
+
+
+def test_a_failure_on_one_host_releases_the_ranks_on_the_other_and_heal_is_quick(ipython, session):
+    """The group's own connections are shut down on every rank that returns, so ranks on host B,
+    which no same-host release reaches, fail at once instead of at the group's timeout."""
+    for _ in range(2):  # the second time also after a heal
+        res, out = run(ipython, RANK_0_FAILS_WHILE_THE_OTHERS_WAIT)
+        assert type(res.error_in_exec).__name__ == "CellFailedError", out
+        assert "rank 0 failed first: ValueError: bad batch on rank 0" in out
+        assert f"released ranks 1-{WORLD - 1}" in out and "may still be blocked" not in out, out
+        t0 = time.perf_counter()
+        res, out = run(ipython, "%mpnb heal")
+        assert res.success and f"rebuilt on {WORLD} ranks" in out, out
+        assert time.perf_counter() - t0 < 10  # waiting out the group's timeout took 21-52 s
+    res, out = run(ipython, "%%distributed\nt = torch.ones(1); dist.all_reduce(t); print(int(t.item()))\n")
+    assert res.success and f"[ranks 0-{WORLD - 1}] {WORLD}" in out, out
+
+
+def test_an_engine_killed_on_the_other_host_is_reported_with_its_host(ipython, session):
+    code = ("%%distributed --no-monitor\nimport os, time\n"
+            "if rank == 3:\n    os.kill(os.getpid(), 9)\ntime.sleep(30)\n")
+    t0 = time.perf_counter()
+    res, out = run(ipython, code)
+    assert time.perf_counter() - t0 < 15, out  # the others' 30 s sleep is cut short
+    assert type(res.error_in_exec).__name__ == "CellFailedError", out
+    assert f"rank 3 (pid {session.ranks[3].pid} on {sorted(HOSTS)[1]})" in out and "gone" in out, out
