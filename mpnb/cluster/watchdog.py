@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from mpnb.cluster.session import RankInfo, Session
 
 STACK_SIGNAL = signal.SIGUSR1  # mpnb.engine.control.STACK_SIGNAL (that module imports torch lazily only)
+READ_BACK_S = 2.0  # how long the stacks of ranks on other hosts may take to come back
+ELSEWHERE = "(stack written on"
 STACK_WAIT_S = 0.3  # faulthandler writes from the signal handler; the nanny relays the signal first
 MAX_FRAMES = 8
 REPORTING = "  (it raised; its engine is formatting the traceback)"
@@ -147,7 +149,7 @@ def read_stacks(session: Session, ranks: list[int], execution_count: int | None 
         if not info.stacks:
             continue
         if not is_local(info):
-            out[r] = f"(stack written on {info.host} to {info.stacks})"
+            out[r] = f"{ELSEWHERE} {info.host} to {info.stacks})"  # `read_back` once the rank is idle
             continue
         text = ""
         for _ in range(5):  # the dump may still be being written
@@ -160,6 +162,27 @@ def read_stacks(session: Session, ranks: list[int], execution_count: int | None 
         formatted = format_stack(text, execution_count)
         if formatted:
             out[r] = formatted
+    return out
+
+
+def read_back(session: Session, stacks: dict[int, str], idle: list[int],
+              execution_count: int | None = None) -> dict[int, str]:
+    """The stacks of `idle` ranks on other hosts that `read_stacks` could only name, read through
+    their own engines (each reads its own private file); a rank that does not answer keeps its note."""
+    replies = {}
+    for r in idle:
+        if stacks.get(r, "").startswith(ELSEWHERE):
+            with contextlib.suppress(Exception):
+                engine = session.client[session.engine_id(r)]
+                replies[r] = engine.apply_async(private_files.read, session.ranks[r].stacks)
+    deadline = time.monotonic() + READ_BACK_S
+    out = {}
+    for r, reply in replies.items():
+        with contextlib.suppress(Exception):
+            formatted = format_stack(reply.get(timeout=max(deadline - time.monotonic(), 0.0)) or "",
+                                     execution_count)
+            if formatted:
+                out[r] = formatted
     return out
 
 

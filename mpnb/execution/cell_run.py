@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from mpnb.cluster import recovery
+from mpnb.cluster import recovery, watchdog
 from mpnb.engine.control import CELL_MARK, COLLECTIVE_MARK, STOP_NOTE
 from mpnb.engine.quiet import VERBOSE_MARK
 from mpnb.errors import RankError
@@ -281,6 +281,10 @@ class CellRun:
 
     def _story(self) -> list[str]:
         supervisor = self.supervisor
+        dead = {d.rank for d in supervisor.deaths}
+        idle = [r for r, s in self.status.items() if s != RUNNING and r not in dead]
+        read = watchdog.read_back(self.session, supervisor.stacks, idle, self.execution_count)
+        supervisor.stacks.update(read)  # ranks on other hosts: through their engines, idle by now
         first = supervisor.first_failure
         return story(
             first_failed=first[0] if first is not None else None,

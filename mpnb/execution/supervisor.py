@@ -84,10 +84,7 @@ class Supervisor:
             self.first_failure = (rank, now)
         if state == DONE and self._partial_since is None and self.run.is_running():
             self._partial_since = now
-        if self.released and self.run.is_running():
-            # a released rank ends its group too: its peers may wait on it rather than on the first
-            # rank (a ring passes through every rank, and on other hosts only the group's own
-            # connections reach them)
+        if self.released and self.run.is_running():  # its peers may wait on it (a ring): release them
             self._end_group_on([rank])
 
     def tick(self, now: float) -> None:

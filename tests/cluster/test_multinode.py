@@ -7,6 +7,7 @@ fresh nodes), which is where gloo used to fall back to 127.0.0.1 and every peer 
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import pytest
@@ -144,6 +145,10 @@ def test_a_failure_on_one_host_releases_the_ranks_on_the_other_and_heal_is_quick
         assert type(res.error_in_exec).__name__ == "CellFailedError", out
         assert "rank 0 failed first: ValueError: bad batch on rank 0" in out
         assert f"released ranks 1-{WORLD - 1}" in out and "may still be blocked" not in out, out
+        for rank in range(2, WORLD):  # on the other host: read back through their engines, not a path
+            block = out.split(f"  [rank {rank}]\n", 1)[-1].split("  [rank ", 1)[0]
+            assert re.match(r"  Cell In\[\d+\], line 7\n", block) and "in all_reduce" in block, out
+        assert "stack written on" not in out, out
         t0 = time.perf_counter()
         res, out = run(ipython, "%mpnb heal")
         assert res.success and f"rebuilt on {WORLD} ranks" in out, out
