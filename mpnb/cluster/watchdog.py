@@ -142,7 +142,7 @@ def request_stacks(session: Session, ranks: list[int]) -> None:
 
 
 def read_stacks(session: Session, ranks: list[int], execution_count: int | None = None) -> dict[int, str]:
-    """The cell frames of each rank's executing thread, as short text (local ranks only)."""
+    """Each rank's cell frames as short text (for ranks on other hosts: a note that `read_back` fills)."""
     out: dict[int, str] = {}
     for r in ranks:
         info = session.ranks[r]
