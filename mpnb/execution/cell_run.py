@@ -135,14 +135,13 @@ class CellRun:
         """Process events until every rank has finished; raise `CellFailedError` if any failed."""
         stopped = False
         try:
-            while self.is_running():
-                try:
+            try:  # around the whole loop: the stop button's interrupt may land in its condition too
+                while self.is_running():
                     self.drain_events(TICK_S)
                     self._on_tick()
-                except KeyboardInterrupt:
-                    self.supervisor.interrupt()
-                    stopped = True
-                    break
+            except KeyboardInterrupt:
+                self.supervisor.interrupt()
+                stopped = True
         finally:
             self.renderer.flush(time.monotonic(), final=True)
         if stopped:  # the stop button: say what happened, then fail the cell as an interrupt does
