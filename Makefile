@@ -56,9 +56,11 @@ browser:
 		$$SUDO apt-get update -q && $$SUDO apt-get install -y -q chromium; }
 
 # iproute2 and unshare for tests/cluster/test_multinode.py's simulated hosts (as root; skipped otherwise).
+# Simulated hosts (tests/cluster/simulated_hosts.py): namespaces, and an sshd on each host.
 hosts-tools:
-	@command -v ip >/dev/null && command -v unshare >/dev/null || { [ "$$(id -u)" != 0 ] || { \
-		apt-get update -q && apt-get install -y -q iproute2 util-linux; }; }
+	@command -v ip >/dev/null && command -v unshare >/dev/null && command -v ssh >/dev/null \
+		&& test -x /usr/sbin/sshd || { [ "$$(id -u)" != 0 ] || { apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2 util-linux openssh-server openssh-client; }; }
 
 lint: install
 	$(BIN)/ruff check mpnb tests benchmarks

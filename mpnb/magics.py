@@ -27,6 +27,7 @@ from mpnb.monitoring import dashboard
 
 MPNB_USAGE = """\
 %mpnb start [-n N] [--devices 0,1,...] [--backend nccl|gloo] [--timeout SECONDS] [--port PORT] [--no-spares]
+%mpnb start --ssh HOST:N,HOST:N [--ssh-args "OPTIONS"] [--python PATH] [--backend ...] [--timeout ...]
 %mpnb connect --profile NAME_OR_DIR [--cluster-id ID] [--backend nccl|gloo] [--timeout SECONDS]
 %mpnb status | restart | heal | stop
 %mpnb config [--model NAME] [key=value ...]
@@ -63,6 +64,9 @@ def _build_parsers() -> dict[str, _Parser]:
     start.add_argument(
         "--no-spares", dest="spares", action="store_false", help="keep no warm engines for a quick restart"
     )
+    start.add_argument("--ssh", default=None, metavar="HOST:N,...", help="engines on these hosts, over SSH")
+    start.add_argument("--ssh-args", default=None, help="extra ssh options, quoted, e.g. \"-i ~/.ssh/key\"")
+    start.add_argument("--python", default=None, help="--ssh: the Python with mpnb on the hosts")
     connect = p["connect"] = _parser("connect")
     connect.add_argument("--profile", default="default", help="ipyparallel profile name or directory")
     connect.add_argument("--cluster-id", default=None)
@@ -111,6 +115,7 @@ class MpnbMagics(Magics):
 
         %mpnb start [-n N] [--devices 0,1,...] [--backend nccl|gloo] [--timeout SECONDS] [--port PORT]
                     [--no-spares]
+        %mpnb start --ssh HOST:N,HOST:N [--ssh-args "OPTIONS"] [--python PATH] [--backend ...] [--timeout ...]
         %mpnb connect --profile NAME_OR_DIR [--cluster-id ID] [--backend nccl|gloo] [--timeout SECONDS]
         %mpnb status | restart | heal | stop
         %mpnb config [--model NAME] [key=value ...]
@@ -146,6 +151,9 @@ class MpnbMagics(Magics):
             port=args.port,
             config=self._config,
             spares=args.spares,
+            ssh=args.ssh,
+            ssh_args=args.ssh_args,
+            python=args.python,
         )
 
     def _cmd_connect(self, args: argparse.Namespace) -> None:

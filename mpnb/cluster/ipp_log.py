@@ -125,7 +125,7 @@ class EngineExits:
             watched.dead_before |= {f"{set_id}/{ident}" for ident in noticed}
             for ident, launcher in list(getattr(engine_set, "launchers", {}).items()):
                 watched.pids[f"{set_id}/{ident}"] = getattr(launcher, "pid", None)
-                if not _alive(getattr(launcher, "process", None)):
+                if not _launched_alive(launcher):
                     watched.dead_before.add(f"{set_id}/{ident}")
         return watched
 
@@ -189,6 +189,13 @@ def _stop_failed(exc: BaseException) -> list[str]:
         f"mpnb: stopping the cluster failed ({name}: {exc}); some engines may still be running. "
         f"Details: {path()}"
     ]
+
+
+def _launched_alive(launcher: Any) -> bool:
+    process = getattr(launcher, "process", None)
+    if process is None and hasattr(launcher, "ssh_sender"):  # an engine on another host: its launcher knows
+        return getattr(launcher, "state", None) == "running"
+    return _alive(process)
 
 
 def _alive(process: Any) -> bool:

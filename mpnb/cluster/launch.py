@@ -180,6 +180,10 @@ def plan_local(
 # declare an engine dead at ipyparallel's default (3 s x 10 misses = 30 s).
 HEARTBEAT_MS = 100
 HEARTBEAT_MISSES = 300
+CONTROLLER_ARGS = [
+    f"--HeartMonitor.period={HEARTBEAT_MS}",
+    f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}",
+]
 
 
 def local_cluster(count: int, plan: WorldPlan, log: Any) -> Any:
@@ -203,10 +207,7 @@ def local_cluster(count: int, plan: WorldPlan, log: Any) -> Any:
         n=count,
         delay=0,
         config=config,
-        controller_args=[
-            f"--HeartMonitor.period={HEARTBEAT_MS}",
-            f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}",
-        ],
+        controller_args=CONTROLLER_ARGS,
         send_engines_connection_env=False,
         log=log,
         shutdown_atexit=False,

@@ -23,10 +23,10 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from mpnb.cluster import engine_exit, ipp_log, launch, recovery, spares, watchdog
+from mpnb.cluster import engine_exit, ipp_log, launch, recovery, spares, ssh_hosts, watchdog
 from mpnb.cluster.launch import DEFAULT_PG_TIMEOUT_S, WorldPlan
 from mpnb.cluster.ranks import form_world, short_error
 from mpnb.cluster.session import Session, current, release_current, set_current
@@ -63,39 +63,59 @@ def start(
     config: Config | None = None,
     spares: bool = True,
     verbose: bool = True,
+    ssh: str | Mapping[str, int] | None = None,
+    ssh_args: str | Sequence[str] | None = None,
+    python: str | None = None,
 ) -> Session:
-    """Start a local cluster: one engine per visible GPU (or `devices`), else `n` CPU engines (default 2).
+    """Start a cluster: one engine per visible GPU (or `devices`), else `n` CPU engines (default 2).
 
     Every engine gets rank env vars, its device and a process group with a
     `timeout`-second timeout. Prints one line (ranks, devices, backend, seconds).
     `spares`: keep as many engines warm beside them, so `restart` takes under a second.
+    `ssh`: engines on other machines instead, `{"host": engines}` or `"hostA:2,hostB:2"`, started by
+    ipyparallel's SSH launcher (`mpnb.cluster.ssh_hosts`) with `python` there (default: this
+    kernel's interpreter path) and `ssh_args` added to every ssh command.
     """
     from mpnb.planning.config import Config
 
+    cfg = config if config is not None else Config()
     with _lock:
         _check_no_session()
-        count, plan = launch.plan_local(n, devices, backend, timeout, port, spares)
-        cfg = config if config is not None else Config()
-        t0 = time.perf_counter()
-        cluster = launch.local_cluster(count, plan, ipp_log.logger())  # its log: a file, not the cell
-        try:
-            cluster.start_cluster_sync()
-            client = cluster.connect_client_sync()
-            # interactive=False: no progress bar printed into the notebook while engines register
-            client.wait_for_engines(count, timeout=cluster.engine_timeout, interactive=False)
-            sess = Session(client, cluster, plan, cfg, source="start")
-            sess.engine_set = next(iter(cluster.engines))
-            sess.ranks, sess.backend = form_world(client, list(client.ids), plan, cfg)
-        except BaseException as exc:
-            ipp_log.stop_cluster(cluster)  # its failures are in the log; the start's error says enough
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            reason = str(exc) if isinstance(exc, ClusterError) else short_error(exc)
-            raise ClusterError(
-                f"{reason}\nThe start was rolled back: the controller and engines it launched are stopped."
-            ) from exc
-        set_current(sess)
+        ssh_hosts.check_options(ssh, ssh_args, python, n=n, devices=devices, port=port)
+        if ssh is None:
+            count, plan = launch.plan_local(n, devices, backend, timeout, port, spares)
+            t0 = time.perf_counter()
+            cluster, source = launch.local_cluster(count, plan, ipp_log.logger()), "start"  # its log: a file
+        else:
+            plan = WorldPlan(launch.check_backend(backend), launch.check_timeout(timeout), None, None)
+            t0 = time.perf_counter()
+            cluster, count, source = ssh_hosts.checked_cluster(
+                ssh, ssh_args, python, launch.CONTROLLER_ARGS, ipp_log.logger(), ipp_log.path()
+            )
+        sess = _start_and_form(cluster, count, plan, cfg, source)
     return _go_live(sess, "start", t0, verbose)
+
+
+def _start_and_form(cluster: ipp.Cluster, count: int, plan: WorldPlan, cfg: Config, source: str) -> Session:
+    """Start `cluster`, wait for its `count` engines and form the world; roll all of it back on failure."""
+    try:
+        cluster.start_cluster_sync()
+        client = cluster.connect_client_sync()
+        # interactive=False: no progress bar printed into the notebook while engines register
+        client.wait_for_engines(count, timeout=cluster.engine_timeout, interactive=False)
+        sess = Session(client, cluster, plan, cfg, source=source)
+        sess.engine_set = next(iter(cluster.engines))
+        sess.ranks, sess.backend = form_world(client, list(client.ids), plan, cfg)
+    except BaseException as exc:
+        ipp_log.stop_cluster(cluster)  # its failures are in the log; the start's error says enough
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        reason = str(exc) if isinstance(exc, ClusterError) else short_error(exc)
+        raise ClusterError(
+            f"{reason}\nThe start was rolled back: the controller and engines it launched are stopped."
+        ) from exc
+    set_current(sess)
+    return sess
 
 
 def connect(

@@ -5,7 +5,9 @@ namespaces made here, its own loopback, and its own host name (`unshare --uts`).
 (and the test process, the "kernel") stays in the root namespace on the bridge's address; each
 host runs its engines as a launcher would start them there. `/etc/netns/NS/` gives each host a
 resolver with no name server (lookups fail at once instead of waiting on the machine's resolver)
-and a hosts file in which the host names resolve, or do not.
+and a hosts file in which the host names resolve, or do not. With `sshd=True` each host runs its own
+sshd on its address only, with a host key and a client key made for the test (`Hosts.ssh_args`), so
+that ipyparallel's SSH launcher starts engines there as on real machines.
 
 Everything made here is removed on exit, also when a test fails, and leftovers of a killed run are
 removed before a new start. Needs root and iproute2; `skip_reason()` says why not where they lack.
@@ -17,6 +19,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -29,6 +32,7 @@ BRIDGE = "mpnbbr0"
 BRIDGE_ADDR = f"{NET}.1"
 HOSTS = {"mpnb-host-a": 11, "mpnb-host-b": 12}  # host name -> last octet
 CLUSTER_ID = "mpnbhosts"
+SSHD = "/usr/sbin/sshd"
 
 
 @dataclass
@@ -36,14 +40,16 @@ class Hosts:
     profile_dir: Path
     cluster_id: str
     addresses: dict[str, str]  # host name -> its address
+    ssh_args: list[str]  # with sshd: the options that log in to every host as root
 
 
-def skip_reason() -> str | None:
+def skip_reason(sshd: bool = False) -> str | None:
     if os.geteuid() != 0:
         return "simulated hosts need root (network namespaces); CI runs as root"
-    missing = [tool for tool in ("ip", "unshare") if shutil.which(tool) is None]
+    tools = ("ip", "unshare") + (("ssh", "ssh-keygen", SSHD) if sshd else ())
+    missing = [tool for tool in tools if shutil.which(tool) is None]
     if missing:
-        return f"simulated hosts need {', '.join(missing)} (Debian: iproute2, util-linux)"
+        return f"simulated hosts need {', '.join(missing)} (Debian: iproute2, util-linux, openssh-server)"
     return None
 
 
@@ -103,16 +109,69 @@ def _wait_for(path: Path, proc: subprocess.Popen, seconds: float) -> None:
         time.sleep(0.1)
 
 
+def _keys(workdir: Path) -> Path:
+    keys = workdir / "ssh"
+    keys.mkdir(mode=0o700, exist_ok=True)
+    for name in ("client", "host"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / name)], check=True)
+    shutil.copy(keys / "client.pub", keys / "authorized_keys")
+    return keys
+
+
+def _start_sshd(host: str, address: str, keys: Path) -> subprocess.Popen:
+    """An sshd listening on `address` only, in the host's namespace under its own host name."""
+    config = keys / f"sshd-{host}.conf"
+    config.write_text("\n".join([
+        f"ListenAddress {address}", f"HostKey {keys / 'host'}",
+        f"AuthorizedKeysFile {keys / 'authorized_keys'}", f"PidFile {keys / f'sshd-{host}.pid'}",
+        "Subsystem sftp internal-sftp", "UsePAM no", "StrictModes no", "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no", "PermitRootLogin prohibit-password", "LogLevel ERROR",
+    ]) + "\n")
+    os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation directory
+    return subprocess.Popen(
+        ["ip", "netns", "exec", _namespace(host), "unshare", "--uts", "sh", "-c",
+         f"hostname {host}; exec {SSHD} -D -e -f {config}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+
+
+def _wait_listening(address: str, port: int, proc: subprocess.Popen, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        with contextlib.suppress(OSError), socket.create_connection((address, port), timeout=1):
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"sshd on {address} exited ({proc.returncode})")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"nothing listens on {address}:{port} after {seconds:g} s")
+        time.sleep(0.1)
+
+
+def ssh_args(keys: Path) -> list[str]:
+    return ["-i", str(keys / "client"), "-o", "StrictHostKeyChecking=no",
+            "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"]
+
+
 @contextlib.contextmanager
-def simulated_hosts(workdir: Path, *, engines_per_host: int = 2,
-                    names_resolve: bool = True) -> Iterator[Hosts]:
-    """A controller on the bridge and `engines_per_host` engines on each simulated host."""
+def simulated_hosts(workdir: Path, *, engines_per_host: int = 2, names_resolve: bool = True,
+                    sshd: bool = False) -> Iterator[Hosts]:
+    """`engines_per_host` engines on each simulated host (and a controller on the bridge for them,
+    when there are any); `sshd`: an SSH server on each host too."""
     remove_all()
     profile = workdir / "profile_hosts"
     profile.mkdir(parents=True, exist_ok=True)
+    addresses = {h: f"{NET}.{o}" for h, o in HOSTS.items()}
     procs: list[subprocess.Popen] = []
     try:
         _network(names_resolve)
+        keys = _keys(workdir) if sshd else None
+        if keys is not None:
+            for host, address in addresses.items():
+                procs.append(_start_sshd(host, address, keys))
+                _wait_listening(address, 22, procs[-1], 30)
+        if not engines_per_host:
+            yield Hosts(profile, CLUSTER_ID, addresses, ssh_args(keys) if keys else [])
+            return
         controller = subprocess.Popen(
             [sys.executable, "-m", "ipyparallel.controller", f"--profile-dir={profile}",
              f"--cluster-id={CLUSTER_ID}", f"--ip={BRIDGE_ADDR}"],
@@ -130,7 +189,7 @@ def simulated_hosts(workdir: Path, *, engines_per_host: int = 2,
                 env=dict(os.environ, OMP_NUM_THREADS="1"),
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
             ))
-        yield Hosts(profile, CLUSTER_ID, {h: f"{NET}.{o}" for h, o in HOSTS.items()})
+        yield Hosts(profile, CLUSTER_ID, addresses, ssh_args(keys) if keys else [])
     finally:
         for proc in procs:
             with contextlib.suppress(ProcessLookupError):

@@ -1,0 +1,116 @@
+"""`%mpnb start --ssh`: engines on two simulated hosts, started by ipyparallel's own SSH launcher
+through an sshd on each host (`simulated_hosts.py`), as on real machines. Host names do not resolve
+anywhere here, so the hosts are given by address.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from mpnb.cluster import session as cluster_session
+from mpnb.errors import ClusterError, ConfigError
+from tests.helpers import expect_error, run, wait_for
+
+from .simulated_hosts import BRIDGE_ADDR, HOSTS, simulated_hosts, skip_reason
+from .test_multinode import listening_addresses
+
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(skip_reason(sshd=True) is not None,
+                       reason=f"SKIPPED LOUDLY: {skip_reason(sshd=True)}"),
+]
+
+WORLD = 2 * len(HOSTS)
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    with simulated_hosts(tmp_path_factory.mktemp("ssh"), engines_per_host=0, names_resolve=False,
+                         sshd=True) as h:
+        yield h
+
+
+def spec(hosts, per_host: int = 2) -> str:
+    return ",".join(f"root@{address}:{per_host}" for address in hosts.addresses.values())
+
+
+def ssh_args(hosts) -> str:
+    return " ".join(hosts.ssh_args)
+
+
+def processes_on(host: str) -> set[int]:
+    """Every process in the host's namespace but its sshd (the fixture's own)."""
+    listing = subprocess.run(["ip", "netns", "pids", f"ns-{host}"], capture_output=True, text=True)
+    pids = listing.stdout.split()
+    return {int(p) for p in pids if psutil.Process(int(p)).name() != "sshd"}
+
+
+@pytest.fixture(scope="module")
+def started(ipython, hosts):
+    t0 = time.perf_counter()
+    res, out = run(ipython, f"%mpnb start --ssh {spec(hosts)} --ssh-args '{ssh_args(hosts)}' --timeout 30")
+    assert res.success, out
+    seconds = time.perf_counter() - t0
+    yield cluster_session.current(), out, seconds
+    run(ipython, "%mpnb stop")
+
+
+def test_a_login_that_fails_is_named_before_any_engine_starts(ipython, hosts):
+    key_only = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]  # no key: refused
+    out = expect_error(ipython, f"%mpnb start --ssh {spec(hosts)} --ssh-args '{' '.join(key_only)}'",
+                       ClusterError, "No engine was started", "ssh could not log in",
+                       *(f"root@{a}" for a in hosts.addresses.values()))
+    assert "Permission denied" in out, out
+    assert cluster_session.current() is None
+    assert not any(processes_on(h) for h in HOSTS)
+
+
+def test_a_python_without_mpnb_on_the_hosts_is_named(ipython, hosts):
+    line = f"%mpnb start --ssh {spec(hosts)} --ssh-args '{ssh_args(hosts)}' --python /usr/bin/nope"
+    expect_error(ipython, line, ClusterError, "there is no /usr/bin/nope", "--python")
+    assert cluster_session.current() is None
+
+
+def test_options_that_do_not_apply_to_ssh_are_refused(ipython, hosts):
+    expect_error(ipython, f"%mpnb start --ssh {spec(hosts)} -n 4", ConfigError, "-n, --devices and --port")
+    expect_error(ipython, "%mpnb start --python /usr/bin/python3", ConfigError, "add --ssh")
+    expect_error(ipython, "%mpnb start --ssh nodeA:two", ConfigError, "whole number of engines")
+
+
+def test_ssh_engines_form_one_world_grouped_by_host(ipython, hosts, started):
+    sess, out, seconds = started
+    assert f"{WORLD} ranks on 2 hosts ready" in out, out
+    assert "Traceback" not in out and "scp" not in out, out
+    assert [r.host for r in sess.ranks] == [h for h in sorted(HOSTS) for _ in range(2)]
+    res, out = run(ipython, "%%distributed\nimport os\nt = torch.ones(1); dist.all_reduce(t)\n"
+                            "print(int(t.item()), os.environ['MASTER_ADDR'], os.environ['GROUP_RANK'])\n")
+    rank0_addr = hosts.addresses[sorted(HOSTS)[0]]
+    assert res.success, out
+    assert f"[ranks 0,1] {WORLD} {rank0_addr} 0" in out and f"[ranks 2,3] {WORLD} {rank0_addr} 1" in out, out
+    assert seconds < 90, seconds
+
+
+def test_the_controller_listens_on_the_address_the_hosts_reach_only(started):
+    sess, _, _ = started
+    controller = sess.cluster.controller.process.pid
+    assert listening_addresses(controller) == {BRIDGE_ADDR}
+
+
+def test_restart_brings_every_host_back_and_stop_leaves_nothing_there(ipython, hosts, started):
+    sess, _, _ = started
+    before = {r.pid for r in sess.ranks}
+    res, out = run(ipython, "%mpnb restart")
+    assert res.success and f"{WORLD} ranks on 2 hosts ready" in out, out
+    assert "exited" not in out, out  # engines the restart stopped are not reported as failures
+    assert not before & {r.pid for r in sess.ranks}
+    assert [r.host for r in sess.ranks] == [h for h in sorted(HOSTS) for _ in range(2)]
+    res, out = run(ipython, "%%distributed\nt = torch.ones(1); dist.all_reduce(t); print(int(t.item()))\n")
+    assert res.success and f"[ranks 0-{WORLD - 1}] {WORLD}" in out, out
+    res, out = run(ipython, "%mpnb stop")
+    assert res.success and "exited" not in out, out
+    assert wait_for(lambda: not any(processes_on(h) for h in HOSTS), timeout=15), {
+        h: processes_on(h) for h in HOSTS}
