@@ -24,7 +24,7 @@ import threading
 import time
 
 from mpnb.engine import state
-from mpnb.engine.gloo_unblock import socket_fds
+from mpnb.engine.gloo_unblock import borrowed, socket_fds
 
 # struct tcp_info (linux/tcp.h): tcpi_bytes_acked is the u64 at byte 120 (since Linux 4.1)
 _TCP_INFO_LEN = 232
@@ -35,46 +35,23 @@ _BYTES_ACKED_OFFSET = 120
 RESCAN_S = 2.0
 
 
-def _borrow(fd: int, family: int = socket.AF_INET) -> socket.socket:
-    """A socket object on `fd` that must be `detach`ed, never closed: the fd belongs to gloo."""
-    return socket.socket(family, socket.SOCK_STREAM, 0, fd)
-
-
-def _tcp_peer_family(fd: int) -> int | None:
-    """The family of a connected TCP socket on `fd`, else None (UDP, Unix, listening, closed)."""
-    sock = _borrow(fd)
+def _tcp_peer(fd: int) -> tuple[int, int] | None:
+    """(family, peer port) of a connected TCP socket on `fd`, else None (UDP, Unix, listening, closed)."""
     try:
-        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE) != socket.SOCK_STREAM:
-            return None
-        family = sock.getsockopt(socket.SOL_SOCKET, socket.SO_DOMAIN)
-        if family not in (socket.AF_INET, socket.AF_INET6):
-            return None
-        sock.getpeername()  # raises for a listener
-        return family
+        with borrowed(fd) as sock:
+            if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
+                return None
+            return sock.family, sock.getpeername()[1]  # getpeername raises for a listener
     except OSError:
         return None
-    finally:
-        sock.detach()
 
 
-def _peer_port(fd: int, family: int) -> int | None:
-    sock = _borrow(fd, family)
+def _bytes_acked(fd: int) -> int | None:
     try:
-        return sock.getpeername()[1]
+        with borrowed(fd) as sock:
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
     except OSError:
         return None
-    finally:
-        sock.detach()
-
-
-def _bytes_acked(fd: int, family: int) -> int | None:
-    sock = _borrow(fd, family)
-    try:
-        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
-    except OSError:
-        return None
-    finally:
-        sock.detach()
     if len(info) < _BYTES_ACKED_OFFSET + _BYTES_ACKED.size:
         return None
     return max(0, _BYTES_ACKED.unpack_from(info, _BYTES_ACKED_OFFSET)[0] - 1)  # the SYN's ack counts one
@@ -85,7 +62,7 @@ class CommCounter:
 
     def __init__(self) -> None:
         self._older = set(socket_fds("self"))  # ipyparallel's, the kernel's: not ours to count
-        self._tracked: dict[int, tuple[int, int, int]] = {}  # inode -> (fd, family, bytes acked last read)
+        self._tracked: dict[int, tuple[int, int]] = {}  # inode -> (fd, bytes acked last read)
         self._retired = 0  # what connections that closed had sent when last read
         self._scanned = float("-inf")
         self._lock = threading.Lock()
@@ -98,13 +75,13 @@ class CommCounter:
                 self._rescan()
                 self._scanned = now
             live = 0
-            for inode, (fd, family, last) in list(self._tracked.items()):
-                acked = _bytes_acked(fd, family) if _inode_of(fd) == inode else None
+            for inode, (fd, last) in list(self._tracked.items()):
+                acked = _bytes_acked(fd) if _inode_of(fd) == inode else None
                 if acked is None:  # closed (or the fd now names another file)
                     self._retired += last
                     del self._tracked[inode]
                     continue
-                self._tracked[inode] = (fd, family, acked)
+                self._tracked[inode] = (fd, acked)
                 live += acked
             return self._retired + live
 
@@ -112,13 +89,13 @@ class CommCounter:
         for inode, fd in socket_fds("self").items():
             if inode in self._older or inode in self._tracked:
                 continue
-            family = _tcp_peer_family(fd)
-            if family is None:
+            peer = _tcp_peer(fd)
+            if peer is None:
                 continue  # a listener may still accept, so its inode is not written off
-            if _peer_port(fd, family) in self.exclude_ports:
+            if peer[1] in self.exclude_ports:
                 self._older.add(inode)
                 continue
-            self._tracked[inode] = (fd, family, 0)
+            self._tracked[inode] = (fd, 0)
 
 
 def _inode_of(fd: int) -> int | None:
