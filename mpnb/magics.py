@@ -17,7 +17,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from mpnb.cluster import launch, lifecycle
+from mpnb.cluster import host_reach, launch, lifecycle
 from mpnb.cluster import session as cluster
 from mpnb.errors import ConfigError, MpnbError, NoClusterError
 from mpnb.execution.cell_run import run_cell
@@ -166,7 +166,7 @@ class MpnbMagics(Magics):
         if sess is None:
             print(NoClusterError().args[0])
             return
-        rows = sess.rank_status(fresh=True)
+        rows = sess.rank_status(fresh=True, cut_off=host_reach.unreachable(sess, range(sess.world_size)))
         header = ("rank", "host", "pid", "device", "alive", "busy")
         table = [header] + [tuple(str(row[k]) for k in header) for row in rows]
         widths = [max(len(r[i]) for r in table) for i in range(len(header))]

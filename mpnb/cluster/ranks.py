@@ -177,6 +177,7 @@ def form_world(
             nanny_started=tuple(r["info"].get("nanny_started", ())),
             stacks=str(r["info"].get("stacks", "")),
             log=str(r["info"].get("log", "")),
+            address=str(r["info"].get("ip", "")),
         )
         for r, d in zip(rows, done, strict=True)
     ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -49,6 +49,8 @@ class RankInfo:
     started: int | None = None  # the engine's start time (reaper.start_ticks): names it with `pid`
     stacks: str = ""  # the engine's stack-dump file (its user's private directory on `host`)
     log: str = ""  # the engine's log of library output (mpnb.cluster.logs), in the same directory
+    address: str = ""  # the engine's address towards the controller (`mpnb.cluster.host_reach` probes it)
+    formed_at: float = field(default_factory=time.monotonic)  # when it became this rank (kernel clock)
 
     @property
     def device_label(self) -> str:
@@ -154,14 +156,16 @@ class Session:
         view.block = False
         return view
 
-    def rank_status(self, fresh: bool = False) -> list[dict[str, Any]]:
+    def rank_status(self, fresh: bool = False, cut_off: Iterable[int] = ()) -> list[dict[str, Any]]:
         """One row per rank: rank, host, pid, device, alive, busy, log. Never asks a (possibly busy) engine.
 
         busy: running the current `%%distributed` cell, or with work queued at the controller. The
         controller's queue counts are a round trip, so they are cached for QUEUE_TTL_S unless `fresh`:
         listeners call this on every cell state change and must not slow a cell down.
+        `cut_off`: ranks on a host gone from the network, still registered with the controller for
+        its heartbeat tolerance (`mpnb.cluster.host_reach`): shown as not alive.
         """
-        alive_ids = set(self.client.ids)
+        alive_ids = set(self.client.ids) - {self.ranks[r].engine_id for r in cut_off}
         queues = self._queue_status(fresh)
         running = {int(r) for r, s in (self.cell or {}).get("ranks", {}).items() if s == "running"}
         rows = []

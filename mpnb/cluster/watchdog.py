@@ -16,12 +16,13 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mpnb import private_files
+from mpnb.cluster import host_reach
+from mpnb.cluster.host_reach import is_local
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -45,10 +46,6 @@ class Death:
 
     def describe(self) -> str:
         return f"rank {self.rank} (pid {self.pid} on {self.host}) {self.cause}"
-
-
-def is_local(info: RankInfo) -> bool:
-    return info.host in (socket.gethostname(), "localhost", "127.0.0.1")
 
 
 def _launched_process(session: Session | None, pid: int) -> Any:
@@ -125,6 +122,9 @@ def dead_ranks(session: Session, ranks: list[int]) -> list[Death]:
             cause = "stopped answering the controller (the engine is gone)"
         if cause is not None:
             found.append(Death(r, info.host, info.pid, cause))
+    seen = {d.rank for d in found}
+    for r, cause in host_reach.unreachable(session, [r for r in ranks if r not in seen]).items():
+        found.append(Death(r, session.ranks[r].host, session.ranks[r].pid, cause))
     return found
 
 

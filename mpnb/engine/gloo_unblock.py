@@ -22,7 +22,7 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from mpnb.cluster.reaper import start_ticks
@@ -74,15 +74,57 @@ def shut_down(inodes: set[int]) -> int:
     count = 0
     for inode, fd in socket_fds("self").items():
         if inode in inodes:
-            sock = socket.socket(fileno=fd)
-            try:
+            with contextlib.suppress(OSError), borrowed(fd) as sock:
                 sock.shutdown(socket.SHUT_RDWR)
                 count += 1
-            except OSError:
-                pass
-            finally:
-                sock.detach()
     return count
+
+
+@contextlib.contextmanager
+def borrowed(fd: int) -> Iterator[socket.socket]:
+    """A socket object on this process's `fd` that leaves it open: the fd stays its owner's (gloo's)."""
+    sock = socket.socket(fileno=fd)  # raises OSError if `fd` is not a socket (any more)
+    try:
+        yield sock
+    finally:
+        sock.detach()
+
+
+# A peer host that stops answering (link down, power off) fails the connections to it after about
+# this long: TCP keepalive probes an idle connection (a rank waiting to receive) from 2 s of silence,
+# 1 s apart, 3 times; unacknowledged data (a rank sending) gives up after the same time. A live
+# host's kernel answers both however busy its processes are; without this, gloo waits out the
+# process group's timeout.
+PEER_HOST_GONE_S = 5
+_KEEPALIVE = ((socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+              (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPIDLE", 4), 2),
+              (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPINTVL", 5), 1),
+              (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPCNT", 6), 3),
+              (socket.IPPROTO_TCP, getattr(socket, "TCP_USER_TIMEOUT", 18), PEER_HOST_GONE_S * 1000))
+
+
+def fail_fast(inodes: set[int]) -> int:
+    """Make this process's connections among `inodes` that lead to another host fail within
+    PEER_HOST_GONE_S once that host stops answering; returns how many (0 where unsupported)."""
+    if not SUPPORTED or not inodes:
+        return 0
+    table = _tcp_connections()
+    count = 0
+    for inode, fd in socket_fds("self").items():
+        if inode not in inodes or inode not in table or _is_loopback(table[inode][1][0]):
+            continue
+        try:
+            with borrowed(fd) as sock:
+                for level, option, value in _KEEPALIVE:
+                    sock.setsockopt(level, option, value)
+            count += 1
+        except OSError:
+            log.debug("mpnb: keepalive not set on fd %s", fd, exc_info=True)
+    return count
+
+
+def _is_loopback(address: str) -> bool:
+    return address.startswith("127.") or address == "::1"
 
 
 def same_processes(peers: list[tuple[int, int | None]]) -> list[int]:

@@ -105,7 +105,8 @@ def forget() -> None:
 
 def real_init_process_group(*args: Any, **kwargs: Any) -> Any:
     """torch's own function, never intercepted (mpnb's own group formation). The connections the
-    group opens are recorded, so that `control.release_peers` can end them on any host."""
+    group opens are recorded, so that `control.release_peers` can end them on any host, and those to
+    other hosts fail within seconds if that host drops off the network (`gloo_unblock.fail_fast`)."""
     from mpnb.engine import gloo_unblock
 
     if _original is not None:
@@ -115,6 +116,7 @@ def real_init_process_group(*args: Any, **kwargs: Any) -> Any:
 
         init = dist.init_process_group
     result, _state().group_connections = gloo_unblock.connections_opened_by(lambda: init(*args, **kwargs))
+    gloo_unblock.fail_fast(_state().group_connections)
     return result
 
 

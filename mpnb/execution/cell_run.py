@@ -268,7 +268,8 @@ class CellRun:
             if first_failure is not None:  # the cause first, the ranks it took down after
                 first = first_failure[0]
                 failures.sort(key=lambda f: first not in f.ranks)
-            raise CellFailedError(failures, self.ranks, note=note)
+            stopped = [r for r, s in self.status.items() if s == STOPPED]
+            raise CellFailedError(failures, self.ranks, note=note, stopped=stopped)
         if not self.results or self.options.quiet:
             return None
         wanted = (

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,10 +30,13 @@ class RankFailure:
 class CellFailedError(RankError):
     """The cell raised on some ranks. Shown as one traceback per distinct error (see `render`)."""
 
-    def __init__(self, failures: list[RankFailure], ran_on: list[int], note: str = "") -> None:
+    def __init__(
+        self, failures: list[RankFailure], ran_on: list[int], note: str = "", stopped: Iterable[int] = ()
+    ) -> None:
         self.failures = failures
         self.ran_on = ran_on
         self.note = note
+        self.stopped = set(stopped)  # ranks mpnb interrupted to free them (released), not finished
         first = failures[0]
         super().__init__(f"{first.ename} on {format_ranks(first.ranks)}: {first.evalue}")
 
@@ -48,8 +52,11 @@ class CellFailedError(RankError):
             lines.extend(f.traceback)
             lines.append("")
         others = sorted(set(self.ran_on) - set(self.failed_ranks))
-        summary = f"The cell failed on {format_ranks(self.failed_ranks)}"
-        summary += f"; {format_ranks(others)} finished." if others else "."
+        finished = [r for r in others if r not in self.stopped]
+        stopped = [r for r in others if r in self.stopped]
+        ends = [f"{format_ranks(finished)} finished"] if finished else []
+        ends += [f"{format_ranks(stopped)} interrupted by mpnb to free them"] if stopped else []
+        summary = f"The cell failed on {format_ranks(self.failed_ranks)}{''.join(f'; {e}' for e in ends)}."
         if self.note:
             summary += " " + self.note
         lines.append(summary)

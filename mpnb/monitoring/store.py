@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -42,6 +43,7 @@ class MemoryStore:
         self.checkpoints_version = 0
         self._checkpoints: dict[str, dict[str, Any]] = {}  # path -> record, oldest first
         self._history: dict[int, deque[Sample]] = {}
+        self._heard: dict[int, float] = {}  # rank -> when its last sample arrived (kernel's monotonic clock)
         self._subscribers: list[Subscriber] = []
         self._lock = threading.Lock()
 
@@ -49,9 +51,11 @@ class MemoryStore:
         batch = list(samples)
         if not batch:
             return
+        arrived = time.monotonic()
         with self._lock:
             for sample in batch:
                 rank = int(sample["rank"])
+                self._heard[rank] = arrived
                 history = self._history.get(rank)
                 if history is None:
                     history = self._history[rank] = deque(maxlen=self.max_samples_per_rank)
@@ -109,6 +113,11 @@ class MemoryStore:
             out = [s for h in histories for s in h if since is None or s["t"] >= since]
         out.sort(key=lambda s: s["t"])
         return out
+
+    def last_heard(self) -> dict[int, float]:
+        """When each rank's last sample arrived, on this kernel's `time.monotonic` clock."""
+        with self._lock:
+            return dict(self._heard)
 
     def latest(self) -> dict[int, Sample]:
         with self._lock:

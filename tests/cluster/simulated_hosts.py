@@ -99,6 +99,12 @@ def _network(names_resolve: bool) -> None:
         (etc / "hosts").write_text("\n".join(["127.0.0.1 localhost", *names]) + "\n")
 
 
+def set_link(host: str, up: bool) -> None:
+    """The host's only network link up or down: down, the host drops off the network as a whole."""
+    index = list(HOSTS).index(host)
+    _ip("-n", _namespace(host), "link", "set", f"mpnbv{index}a", "up" if up else "down")
+
+
 def _wait_for(path: Path, proc: subprocess.Popen, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while not path.exists():

@@ -5,7 +5,11 @@ anywhere here, so the hosts are given by address.
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import sys
+import threading
 import time
 
 import psutil
@@ -15,7 +19,7 @@ from mpnb.cluster import session as cluster_session
 from mpnb.errors import ClusterError, ConfigError
 from tests.helpers import expect_error, run, wait_for
 
-from .simulated_hosts import BRIDGE_ADDR, HOSTS, simulated_hosts, skip_reason
+from .simulated_hosts import BRIDGE_ADDR, HOSTS, set_link, simulated_hosts, skip_reason
 from .test_multinode import listening_addresses
 
 pytestmark = [
@@ -25,6 +29,7 @@ pytestmark = [
 ]
 
 WORLD = 2 * len(HOSTS)
+ALL_REDUCE = "%%distributed\nt = torch.ones(1); dist.all_reduce(t); print(int(t.item()))\n"
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +52,42 @@ def processes_on(host: str) -> set[int]:
     listing = subprocess.run(["ip", "netns", "pids", f"ns-{host}"], capture_output=True, text=True)
     pids = listing.stdout.split()
     return {int(p) for p in pids if psutil.Process(int(p)).name() != "sshd"}
+
+
+def test_connect_to_a_cluster_ipcluster_started_with_ssh_engines(ipython, hosts, tmp_path):
+    """`ipcluster start --engines=ssh` outside the notebook, as its own docs set it up; then connect."""
+    profile = tmp_path / "profile_ssh"
+    profile.mkdir()
+    engines = {f"root@{address}": 2 for address in hosts.addresses.values()}
+    (profile / "ipcluster_config.py").write_text("\n".join([
+        "c.Cluster.engine_launcher_class = 'ssh'",
+        f"c.Cluster.controller_ip = {BRIDGE_ADDR!r}",
+        f"c.Cluster.n = {WORLD}",
+        f"c.SSHLauncher.ssh_args = {hosts.ssh_args!r}",
+        f"c.SSHLauncher.remote_python = {sys.executable!r}",
+        f"c.SSHEngineSetLauncher.engines = {engines!r}",
+        "c.SSHEngineLauncher.to_send = []",  # the engines get the connection info in their environment
+    ]) + "\n")
+    ipcluster = [sys.executable, "-m", "ipyparallel.cluster", "start", f"--profile-dir={profile}"]
+    launcher = subprocess.Popen(ipcluster, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+    try:
+        assert wait_for(lambda: list(profile.glob("security/ipcontroller-*client.json")), timeout=60)
+        res, out = run(ipython, f"%mpnb connect --profile {profile} --timeout 30")
+        assert res.success and f"{WORLD} ranks on 2 hosts ready" in out, out
+        sess = cluster_session.current()
+        assert [r.host for r in sess.ranks] == [h for h in sorted(HOSTS) for _ in range(2)]
+        res, out = run(ipython, ALL_REDUCE)
+        assert res.success and f"[ranks 0-{WORLD - 1}] {WORLD}" in out, out
+        res, out = run(ipython, "%mpnb stop")
+        assert "disconnected" in out and all(processes_on(h) for h in HOSTS), out  # left running
+    finally:
+        run(ipython, "%mpnb stop")
+        subprocess.run([sys.executable, "-m", "ipyparallel.cluster", "stop", f"--profile-dir={profile}"],
+                       capture_output=True, timeout=120)
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait(10)
+    assert wait_for(lambda: not any(processes_on(h) for h in HOSTS), timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -100,16 +141,51 @@ def test_the_controller_listens_on_the_address_the_hosts_reach_only(started):
     assert listening_addresses(controller) == {BRIDGE_ADDR}
 
 
-def test_restart_brings_every_host_back_and_stop_leaves_nothing_there(ipython, hosts, started):
+LOOPING_ALL_REDUCES = (
+    "%%distributed --no-monitor\nimport time\n"
+    "for i in range(60):\n    t = torch.ones(1); dist.all_reduce(t); time.sleep(0.5)\n"
+)
+
+
+def test_a_host_that_drops_off_is_named_heal_goes_on_without_it_and_restart_brings_it_back(
+        ipython, hosts, started):
+    """Host B's link goes down while every rank loops over all_reduce: no process dies, nothing is
+    said; before, the cell waited out gloo's timeout and the controller's (30 s each)."""
     sess, _, _ = started
+    host_b = sorted(HOSTS)[1]
+    timer = threading.Timer(3.0, set_link, (host_b, False))
+    timer.start()
+    t0 = time.perf_counter()
+    try:
+        res, out = run(ipython, LOOPING_ALL_REDUCES)
+        ended_after_down = time.perf_counter() - t0 - 3.0
+        assert type(res.error_in_exec).__name__ == "CellFailedError", out
+        assert f"is unreachable: its host ({hosts.addresses[host_b]}) stopped answering" in out, out
+        assert "The cell failed on ranks 2,3; ranks 0,1 interrupted by mpnb to free them." in out, out
+        assert ended_after_down < 15, out  # measured 7 s; gloo's own timeout is 30 s
+        res, out = run(ipython, "%mpnb status")
+        alive = {line.split()[0]: line.split()[4] for line in out.splitlines()[2:]}
+        assert alive == {"0": "True", "1": "True", "2": "False", "3": "False"}, out
+        t0 = time.perf_counter()
+        res, out = run(ipython, "%mpnb heal")
+        assert res.success and "rebuilt on 2 ranks (2 lost ranks left out)" in out, out
+        assert time.perf_counter() - t0 < 5, out
+        res, out = run(ipython, ALL_REDUCE)
+        assert res.success and "[ranks 0,1] 2" in out, out
+    finally:
+        timer.join()
+        set_link(host_b, True)
     before = {r.pid for r in sess.ranks}
     res, out = run(ipython, "%mpnb restart")
     assert res.success and f"{WORLD} ranks on 2 hosts ready" in out, out
-    assert "exited" not in out, out  # engines the restart stopped are not reported as failures
+    assert "Traceback" not in out and "exited during" not in out, out
     assert not before & {r.pid for r in sess.ranks}
     assert [r.host for r in sess.ranks] == [h for h in sorted(HOSTS) for _ in range(2)]
-    res, out = run(ipython, "%%distributed\nt = torch.ones(1); dist.all_reduce(t); print(int(t.item()))\n")
+    res, out = run(ipython, ALL_REDUCE)
     assert res.success and f"[ranks 0-{WORLD - 1}] {WORLD}" in out, out
+
+
+def test_stop_leaves_nothing_on_the_hosts(ipython, hosts, started):
     res, out = run(ipython, "%mpnb stop")
     assert res.success and "exited" not in out, out
     assert wait_for(lambda: not any(processes_on(h) for h in HOSTS), timeout=15), {
