@@ -23,6 +23,7 @@ import atexit
 import contextlib
 import faulthandler
 import os
+import re
 import signal
 import socket
 import sys
@@ -50,14 +51,44 @@ _stack_fd: int | None = None  # this process's dump file, created once and kept 
 def stack_path() -> str:
     """Where this engine's faulthandler writes its stacks: in this user's private 0700 directory.
 
+    Named by pid and start time: a file a dead engine left (killed on a host the kernel cannot
+    clean) is never taken for this one's once its pid comes round again.
     `bootstrap.engine_info` reports it, so the kernel reads (and at stop removes) exactly this file.
     """
-    return os.path.join(private_files.private_dir(), f"stacks-{os.getpid()}.txt")
+    from mpnb.cluster.reaper import start_ticks
+
+    pid = os.getpid()
+    return os.path.join(private_files.private_dir(), f"stacks-{pid}-{start_ticks(pid)}.txt")
+
+
+_STACK_NAME = re.compile(r"stacks-(?P<pid>\d+)(?:-(?P<ticks>\d+|None))?\.txt")
+
+
+def sweep_dead_stack_files() -> list[str]:
+    """Remove the dump files of engines on this host that are gone (their stacks are of no use); returns them.
+
+    Engines killed outright (SIGKILL, a host cut off) never remove their own, and the kernel removes
+    only those of local engines. A live engine's file names its pid and start time, which still match.
+    """
+    from mpnb.cluster.reaper import start_ticks
+
+    home = private_files.private_dir()
+    removed = []
+    for name in os.listdir(home):
+        m = _STACK_NAME.fullmatch(name)
+        alive = start_ticks(m["pid"]) if m else None
+        if m and (alive is None if m["ticks"] is None else str(alive) != m["ticks"]):  # gone, or pid reused
+            path = os.path.join(home, name)
+            if private_files.remove(path):
+                removed.append(path)
+    return removed
 
 
 def _register_stack_dump() -> None:
     global _stack_fd
     if _stack_fd is None:
+        with contextlib.suppress(OSError):
+            sweep_dead_stack_files()
         # one fresh 0600 file per engine process (O_EXCL|O_NOFOLLOW), emptied through this fd per cell
         _stack_fd = private_files.create(stack_path())
         atexit.register(remove_stack_file)
