@@ -55,12 +55,14 @@ browser:
 		[ "$$(id -u)" = 0 ] && SUDO= || SUDO=sudo; \
 		$$SUDO apt-get update -q && $$SUDO apt-get install -y -q chromium; }
 
-# iproute2 and unshare for tests/cluster/test_multinode.py's simulated hosts (as root; skipped otherwise).
-# Simulated hosts (tests/cluster/simulated_hosts.py): namespaces, and an sshd on each host.
+# Simulated hosts (tests/cluster/simulated_hosts.py, as root; skipped otherwise): namespaces, an sshd
+# on each host, and what ipcluster's MPI and Slurm launchers need there (simulated_slurm.py).
 hosts-tools:
 	@command -v ip >/dev/null && command -v unshare >/dev/null && command -v ssh >/dev/null \
-		&& test -x /usr/sbin/sshd || { [ "$$(id -u)" != 0 ] || { apt-get update -q && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2 util-linux openssh-server openssh-client; }; }
+		&& test -x /usr/sbin/sshd && command -v mpiexec >/dev/null && command -v slurmd >/dev/null \
+		&& command -v munged >/dev/null || { [ "$$(id -u)" != 0 ] || { apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends iproute2 util-linux \
+		openssh-server openssh-client openmpi-bin slurmctld slurmd slurm-client munge; }; }
 
 lint: install
 	$(BIN)/ruff check mpnb tests benchmarks

@@ -53,7 +53,7 @@ def skip_reason(sshd: bool = False) -> str | None:
     return None
 
 
-def _namespace(host: str) -> str:
+def namespace(host: str) -> str:
     return f"ns-{host}"
 
 
@@ -64,7 +64,7 @@ def _ip(*args: str, check: bool = True) -> None:
 def remove_all() -> None:
     """What a start made (or a killed run left): engines, namespaces, links, resolver files."""
     for host in HOSTS:
-        ns = _namespace(host)
+        ns = namespace(host)
         pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, ValueError):
@@ -83,7 +83,7 @@ def _network(names_resolve: bool) -> None:
     _ip("addr", "add", f"{BRIDGE_ADDR}/24", "dev", BRIDGE)
     _ip("link", "set", BRIDGE, "up")
     for i, (host, octet) in enumerate(HOSTS.items()):
-        ns, inside, outside = _namespace(host), f"mpnbv{i}a", f"mpnbv{i}b"
+        ns, inside, outside = namespace(host), f"mpnbv{i}a", f"mpnbv{i}b"
         _ip("netns", "add", ns)
         _ip("link", "add", inside, "type", "veth", "peer", "name", outside)
         _ip("link", "set", inside, "netns", ns)
@@ -102,7 +102,7 @@ def _network(names_resolve: bool) -> None:
 def set_link(host: str, up: bool) -> None:
     """The host's only network link up or down: down, the host drops off the network as a whole."""
     index = list(HOSTS).index(host)
-    _ip("-n", _namespace(host), "link", "set", f"mpnbv{index}a", "up" if up else "down")
+    _ip("-n", namespace(host), "link", "set", f"mpnbv{index}a", "up" if up else "down")
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, seconds: float) -> None:
@@ -135,7 +135,7 @@ def _start_sshd(host: str, address: str, keys: Path) -> subprocess.Popen:
     ]) + "\n")
     os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation directory
     return subprocess.Popen(
-        ["ip", "netns", "exec", _namespace(host), "unshare", "--uts", "sh", "-c",
+        ["ip", "netns", "exec", namespace(host), "unshare", "--uts", "sh", "-c",
          f"hostname {host}; exec {SSHD} -D -e -f {config}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
@@ -191,7 +191,7 @@ def simulated_hosts(workdir: Path, *, engines_per_host: int = 2, names_resolve: 
         for host in HOSTS:
             script = f"hostname {host}; " + " ".join([f"{engine} &"] * engines_per_host) + " wait"
             procs.append(subprocess.Popen(
-                ["ip", "netns", "exec", _namespace(host), "unshare", "--uts", "sh", "-c", script],
+                ["ip", "netns", "exec", namespace(host), "unshare", "--uts", "sh", "-c", script],
                 env=dict(os.environ, OMP_NUM_THREADS="1"),
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
             ))

@@ -5,7 +5,9 @@ anywhere here, so the hosts are given by address.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +21,8 @@ from mpnb.cluster import session as cluster_session
 from mpnb.errors import ClusterError, ConfigError
 from tests.helpers import expect_error, run, wait_for
 
-from .simulated_hosts import BRIDGE_ADDR, HOSTS, set_link, simulated_hosts, skip_reason
+from . import simulated_slurm
+from .simulated_hosts import BRIDGE_ADDR, HOSTS, NET, set_link, simulated_hosts, skip_reason
 from .test_multinode import listening_addresses
 
 pytestmark = [
@@ -47,34 +50,89 @@ def ssh_args(hosts) -> str:
     return " ".join(hosts.ssh_args)
 
 
+DAEMONS = ("sshd", "slurmctld", "slurmd")  # the fixtures' own
+
+
 def processes_on(host: str) -> set[int]:
-    """Every process in the host's namespace but its sshd (the fixture's own)."""
+    """Every process in the host's namespace but the fixtures' daemons."""
     listing = subprocess.run(["ip", "netns", "pids", f"ns-{host}"], capture_output=True, text=True)
     pids = listing.stdout.split()
-    return {int(p) for p in pids if psutil.Process(int(p)).name() != "sshd"}
+    return {int(p) for p in pids if psutil.Process(int(p)).name() not in DAEMONS}
 
 
-def test_connect_to_a_cluster_ipcluster_started_with_ssh_engines(ipython, hosts, tmp_path):
-    """`ipcluster start --engines=ssh` outside the notebook, as its own docs set it up; then connect."""
-    profile = tmp_path / "profile_ssh"
-    profile.mkdir()
+def ssh_profile(hosts) -> list[str]:
+    """ipyparallel's SSH engine launcher, set up as its docs show."""
     engines = {f"root@{address}": 2 for address in hosts.addresses.values()}
-    (profile / "ipcluster_config.py").write_text("\n".join([
+    return [
         "c.Cluster.engine_launcher_class = 'ssh'",
-        f"c.Cluster.controller_ip = {BRIDGE_ADDR!r}",
-        f"c.Cluster.n = {WORLD}",
         f"c.SSHLauncher.ssh_args = {hosts.ssh_args!r}",
         f"c.SSHLauncher.remote_python = {sys.executable!r}",
         f"c.SSHEngineSetLauncher.engines = {engines!r}",
         "c.SSHEngineLauncher.to_send = []",  # the engines get the connection info in their environment
+    ]
+
+
+def mpi_profile(hosts) -> list[str]:
+    """ipyparallel's MPI engine launcher: OpenMPI's mpiexec reaches both hosts through their sshd."""
+    rsh = " ".join(["ssh", *hosts.ssh_args])
+    mpi_args = [
+        "--allow-run-as-root", "--host", ",".join(f"{a}:2" for a in hosts.addresses.values()),
+        "--mca", "plm_rsh_agent", rsh,
+        "--mca", "oob_tcp_if_include", f"{NET}.0/24", "--mca", "btl_tcp_if_include", f"{NET}.0/24",
+        # without these the engines wait for a connection file that never comes
+        "-x", "IPP_CONNECTION_INFO", "-x", "IPP_PROFILE_DIR", "-x", "IPP_CLUSTER_ID",
+    ]
+    return [
+        "c.Cluster.engine_launcher_class = 'mpi'",
+        f"c.MPILauncher.mpi_args = {mpi_args!r}",
+    ]
+
+
+def slurm_profile(hosts) -> list[str]:
+    """ipyparallel's Slurm engine launcher with the README's batch job (but GPUs): 2 nodes x 2 tasks."""
+    template = "\n".join([
+        "#!/bin/sh", "#SBATCH --export=ALL", "#SBATCH --job-name=ipengine-{cluster_id}", "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=2", "srun {program_and_args}", "",
+    ])
+    return ["c.Cluster.engine_launcher_class = 'slurm'",
+            f"c.SlurmEngineSetLauncher.batch_template = {template!r}"]
+
+
+PROFILES = {"ssh": ssh_profile, "mpi": mpi_profile, "slurm": slurm_profile}
+NO_MPI = None if shutil.which("mpiexec") else "--engines=mpi needs mpiexec (Debian: openmpi-bin)"
+NO_SLURM = simulated_slurm.skip_reason()
+LAUNCHERS = ["ssh", *(
+    pytest.param(name, marks=pytest.mark.skipif(why is not None, reason=f"SKIPPED LOUDLY: {why}"))
+    for name, why in (("mpi", NO_MPI), ("slurm", NO_SLURM))
+)]
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_connect_to_a_cluster_ipcluster_started_with_its_engine_launcher(ipython, hosts, tmp_path, launcher):
+    """`ipcluster start` with its SSH, MPI or Slurm engine launcher, outside the notebook; then connect."""
+    profile = tmp_path / "profile"
+    profile.mkdir()
+    (profile / "ipcluster_config.py").write_text("\n".join([
+        f"c.Cluster.controller_ip = {BRIDGE_ADDR!r}", f"c.Cluster.n = {WORLD}", *PROFILES[launcher](hosts),
     ]) + "\n")
+    with contextlib.ExitStack() as stack:
+        slurm = simulated_slurm.simulated_slurm(tmp_path, hosts) if launcher == "slurm" else None
+        connect_and_run(ipython, profile, stack.enter_context(slurm) if slurm else None)
+    assert wait_for(lambda: not any(processes_on(h) for h in HOSTS), timeout=30), [
+        psutil.Process(pid).cmdline() for h in HOSTS for pid in processes_on(h)]
+
+
+def connect_and_run(ipython, profile, env: dict[str, str] | None) -> None:
+    """Start the cluster with ipcluster, connect, run a cell; ipcluster stops its engines after."""
     ipcluster = [sys.executable, "-m", "ipyparallel.cluster", "start", f"--profile-dir={profile}"]
-    launcher = subprocess.Popen(ipcluster, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
+    log = profile / "ipcluster.log"
+    with open(log, "wb") as sink:
+        launcher = subprocess.Popen(ipcluster, stdout=sink, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
     try:
         assert wait_for(lambda: list(profile.glob("security/ipcontroller-*client.json")), timeout=60)
         res, out = run(ipython, f"%mpnb connect --profile {profile} --timeout 30")
-        assert res.success and f"{WORLD} ranks on 2 hosts ready" in out, out
+        assert res.success and f"{WORLD} ranks on 2 hosts ready" in out, out + log.read_text()[-3000:]
         sess = cluster_session.current()
         assert [r.host for r in sess.ranks] == [h for h in sorted(HOSTS) for _ in range(2)]
         res, out = run(ipython, ALL_REDUCE)
@@ -84,10 +142,9 @@ def test_connect_to_a_cluster_ipcluster_started_with_ssh_engines(ipython, hosts,
     finally:
         run(ipython, "%mpnb stop")
         subprocess.run([sys.executable, "-m", "ipyparallel.cluster", "stop", f"--profile-dir={profile}"],
-                       capture_output=True, timeout=120)
+                       capture_output=True, timeout=120, env=env)
         os.killpg(launcher.pid, signal.SIGKILL)
         launcher.wait(10)
-    assert wait_for(lambda: not any(processes_on(h) for h in HOSTS), timeout=30)
 
 
 @pytest.fixture(scope="module")

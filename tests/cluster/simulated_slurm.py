@@ -1,0 +1,127 @@
+"""A Slurm cluster on the simulated hosts (`simulated_hosts.py`): slurmctld on the first host, a
+slurmd on each, and one munged for their credentials, every file in a test directory.
+
+`sbatch`, `scancel` and `sinfo` find it through `SLURM_CONF` in the environment `simulated_slurm`
+yields, as on a real cluster's login node. `ip netns exec` gives each host its own mount namespace
+with a fresh /sys, where slurmd finds no /sys/fs/cgroup and refuses to start, so each host's shell
+mounts a tmpfs there and the cgroup v1 freezer under it before starting slurmd. Everything runs in
+the hosts' namespaces (removed with them) but munged, which is stopped on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from .simulated_hosts import HOSTS, Hosts, namespace
+
+TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "sinfo", "squeue")
+CGROUPS = " && ".join([
+    "mount -t tmpfs cgroup /sys/fs/cgroup", "mkdir /sys/fs/cgroup/freezer /sys/fs/cgroup/systemd",
+    "mount -t cgroup -o freezer cgroup /sys/fs/cgroup/freezer",
+    "mount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd",
+])
+
+
+def skip_reason() -> str | None:
+    missing = [tool for tool in TOOLS if shutil.which(tool) is None]
+    if missing:
+        return (f"a simulated Slurm cluster needs {', '.join(missing)} "
+                "(Debian: slurmctld slurmd slurm-client munge)")
+    return None
+
+
+def _config(home: Path, spool: Path, hosts: Hosts, socket: Path) -> Path:
+    head = next(iter(HOSTS))
+    nodes = [f"NodeName={host} NodeAddr={ip} CPUs=2 State=UNKNOWN" for host, ip in hosts.addresses.items()]
+    conf = home / "slurm.conf"
+    conf.write_text("\n".join([
+        "ClusterName=mpnbsim", f"SlurmctldHost={head}({hosts.addresses[head]})",
+        "AuthType=auth/munge", f"AuthInfo=socket={socket}", "SlurmUser=root", "SlurmdUser=root",
+        f"StateSaveLocation={home / 'state'}", f"SlurmdSpoolDir={spool / '%n'}",
+        f"SlurmctldPidFile={home / 'slurmctld.pid'}", f"SlurmdPidFile={home / 'slurmd-%n.pid'}",
+        f"SlurmctldLogFile={home / 'slurmctld.log'}", f"SlurmdLogFile={home / 'slurmd-%n.log'}",
+        "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "JobAcctGatherType=jobacct_gather/none",
+        "MpiDefault=none", "ReturnToService=2", "SchedulerType=sched/builtin",
+        "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU",
+        *nodes, "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+    ]) + "\n")
+    return conf
+
+
+def _start_munged(home: Path) -> tuple[subprocess.Popen, Path]:
+    key, socket = home / "munge.key", home / "munge.sock"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)
+    munged = subprocess.Popen(
+        ["munged", "--foreground", "--force", f"--key-file={key}", f"--socket={socket}",
+         f"--pid-file={home / 'munged.pid'}", f"--log-file={home / 'munged.log'}",
+         f"--seed-file={home / 'munged.seed'}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    _wait(lambda: socket.exists(), munged, "munged made no socket", 20)
+    return munged, socket
+
+
+def _on_host(host: str, command: str) -> subprocess.Popen:
+    script = f"hostname {host}; {command}"
+    return subprocess.Popen(
+        ["ip", "netns", "exec", namespace(host), "unshare", "--uts", "sh", "-c", script],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+
+
+def _idle_nodes(env: dict[str, str]) -> int:
+    listing = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], env=env, capture_output=True, text=True)
+    return listing.stdout.split().count("idle")
+
+
+def _jobs(env: dict[str, str]) -> list[str]:
+    listing = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True)
+    return listing.stdout.split()
+
+
+def _wait(ready, proc: subprocess.Popen, what: str, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not ready():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{what} within {seconds:g} s (see its log in the test's directory)")
+        time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def simulated_slurm(workdir: Path, hosts: Hosts) -> Iterator[dict[str, str]]:
+    """Slurm on `hosts`; yields the environment in which Slurm's commands reach it."""
+    home = workdir / "slurm"
+    (home / "state").mkdir(parents=True, exist_ok=True)
+    spool = Path(tempfile.mkdtemp(prefix="mpnb-slurm-"))  # slurmd's sockets there: paths under 108 bytes
+    for host in HOSTS:
+        (spool / host).mkdir()
+    procs: list[subprocess.Popen] = []
+    try:
+        munged, socket = _start_munged(home)
+        procs.append(munged)
+        conf = _config(home, spool, hosts, socket)
+        env = dict(os.environ, SLURM_CONF=str(conf))
+        head = next(iter(HOSTS))
+        procs.append(_on_host(head, f"exec slurmctld -D -i -f {conf}"))
+        for host in HOSTS:
+            procs.append(_on_host(host, f"{CGROUPS} && exec slurmd -D -f {conf} -N {host}"))
+        _wait(lambda: _idle_nodes(env) == len(HOSTS), procs[1], "the Slurm nodes were not idle", 60)
+        yield env
+        with contextlib.suppress(RuntimeError):  # jobs that were cancelled end (their tasks killed) first
+            _wait(lambda: not _jobs(env), procs[1], "Slurm jobs still running", 30)
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+        shutil.rmtree(spool, ignore_errors=True)
