@@ -10,6 +10,7 @@ Kernel side: never imports torch.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import socket
 import time
@@ -273,12 +274,17 @@ def wait_for_launched_engines(
 
 
 def expected_engines(profile_kwargs: dict[str, str], cluster_id: str) -> int:
-    """Engines the cluster file says were launched (0 if unknown), so we wait for all of them."""
+    """Engines the cluster file says were launched (0 if unknown), so we wait for all of them.
+
+    Read as JSON, not with `Cluster.from_file`: that rebuilds the launchers, and a rebuilt SSH
+    launcher starts a thread per engine that logs in to its host every few seconds for good.
+    """
     import ipyparallel as ipp
 
     try:
-        cluster = ipp.Cluster.from_file(cluster_id=cluster_id, **profile_kwargs)
-    except Exception:
+        with open(ipp.Cluster(cluster_id=cluster_id, **profile_kwargs).cluster_file) as f:
+            sets = json.load(f)["engines"]["sets"].values()
+        return sum(int(engine_set.get("n") or 0) for engine_set in sets)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return 0
-    return sum(getattr(es, "n", 0) or 0 for es in cluster.engines.values())
 
