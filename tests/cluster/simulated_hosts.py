@@ -197,9 +197,14 @@ def simulated_hosts(workdir: Path, *, engines_per_host: int = 2, names_resolve: 
             ))
         yield Hosts(profile, CLUSTER_ID, addresses, ssh_args(keys) if keys else [])
     finally:
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(10)
+        kill_all(procs)
         remove_all()
+
+
+def kill_all(procs: list[subprocess.Popen]) -> None:
+    """SIGKILL each process's group (each was started in a session of its own) and reap it."""
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)

@@ -1,11 +1,13 @@
 """A Slurm cluster on the simulated hosts (`simulated_hosts.py`): slurmctld on the first host, a
-slurmd on each, and one munged for their credentials, every file in a test directory.
+slurmd on each, and one munged for their credentials; configuration, state and logs in the test's
+directory, slurmd's spool (it holds sockets, whose paths must stay under 108 bytes) in a short one.
 
-`sbatch`, `scancel` and `sinfo` find it through `SLURM_CONF` in the environment `simulated_slurm`
+`sbatch`, `scancel` and `squeue` find it through `SLURM_CONF` in the environment `simulated_slurm`
 yields, as on a real cluster's login node. `ip netns exec` gives each host its own mount namespace
 with a fresh /sys, where slurmd finds no /sys/fs/cgroup and refuses to start, so each host's shell
-mounts a tmpfs there and the cgroup v1 freezer under it before starting slurmd. Everything runs in
-the hosts' namespaces (removed with them) but munged, which is stopped on exit.
+mounts a tmpfs there with the cgroup v1 freezer and a named `systemd` hierarchy (which slurmd's
+cgroup plugin looks for) before starting slurmd. Everything runs in the hosts' namespaces (removed
+with them) but munged, which is stopped on exit.
 """
 
 from __future__ import annotations
@@ -13,14 +15,13 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from .simulated_hosts import HOSTS, Hosts, namespace
+from .simulated_hosts import HOSTS, Hosts, kill_all, namespace
 
 TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "sinfo", "squeue")
 CGROUPS = " && ".join([
@@ -119,9 +120,5 @@ def simulated_slurm(workdir: Path, hosts: Hosts) -> Iterator[dict[str, str]]:
         with contextlib.suppress(RuntimeError):  # jobs that were cancelled end (their tasks killed) first
             _wait(lambda: not _jobs(env), procs[1], "Slurm jobs still running", 30)
     finally:
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(10)
+        kill_all(procs)
         shutil.rmtree(spool, ignore_errors=True)
