@@ -127,7 +127,8 @@ def connect_and_run(ipython, profile, env: dict[str, str] | None) -> None:
     ipcluster = [sys.executable, "-m", "ipyparallel.cluster", "start", f"--profile-dir={profile}"]
     log = profile / "ipcluster.log"
     with open(log, "wb") as sink:
-        launcher = subprocess.Popen(ipcluster, stdout=sink, stderr=subprocess.STDOUT, env=env,
+        # in the profile: the Slurm launcher writes its batch script, and Slurm the job's output, there
+        launcher = subprocess.Popen(ipcluster, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=profile,
                                     start_new_session=True)
     try:
         assert wait_for(lambda: list(profile.glob("security/ipcontroller-*client.json")), timeout=60)
@@ -142,7 +143,7 @@ def connect_and_run(ipython, profile, env: dict[str, str] | None) -> None:
     finally:
         run(ipython, "%mpnb stop")
         subprocess.run([sys.executable, "-m", "ipyparallel.cluster", "stop", f"--profile-dir={profile}"],
-                       capture_output=True, timeout=120, env=env)
+                       capture_output=True, timeout=120, env=env, cwd=profile)
         os.killpg(launcher.pid, signal.SIGKILL)
         launcher.wait(10)
 
