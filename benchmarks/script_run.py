@@ -73,7 +73,7 @@ dist.destroy_process_group()
 def run_torchrun(script: Path, report: Path, steps: int) -> tuple[float, float]:
     """(wall, loop) seconds of one torchrun launch of `script`."""
     launch = torchrun(script, ["--steps", str(steps), "--report", str(report)], stderr_too=True)
-    if launch.returncode:
+    if not launch.completed:
         raise RuntimeError(f"torchrun failed ({launch.returncode}):\n{launch.out}")
     return launch.wall, float(report.read_text())
 

@@ -13,6 +13,10 @@ from pathlib import Path
 
 from mpnb.engine.bootstrap import free_port
 
+# torch's teardown of a gloo worker aborts now and then after the script's last line (1 launch in 10
+# here): torchrun exits 1, yet everything the script printed or wrote is there.
+TEARDOWN_ABORT = "terminate called without an active exception"
+
 
 @dataclass
 class Launch:
@@ -20,6 +24,11 @@ class Launch:
     started: float  # time.time() just before the launch, to compare with times the script prints
     wall: float  # seconds from launch to exit
     returncode: int
+
+    @property
+    def completed(self) -> bool:
+        """The script ran to its end (`out` must hold stderr to tell a teardown abort)."""
+        return self.returncode == 0 or TEARDOWN_ABORT in self.out
 
 
 def torchrun(

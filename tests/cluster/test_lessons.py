@@ -40,7 +40,7 @@ from IPython.utils.capture import capture_output
 from mpnb.execution.output import strip_ansi
 from mpnb.tools.demo import NOTEBOOKS
 from mpnb.widgets.timeline import formula_bubble, idle_share
-from tests.helpers import code_cells, own_cluster
+from tests.helpers import TORCHRUN_TEARDOWN_ABORT, code_cells, own_cluster
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -244,7 +244,7 @@ def test_your_script_prints_what_torchrun_prints_and_keeps_equal_replicas(cluste
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     torchrun_seconds = time.perf_counter() - t0
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0 or TORCHRUN_TEARDOWN_ABORT in proc.stderr, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     # the lesson's numbers: 20 steps of 2 x 32 samples of 1,024 = 1.25 epochs; 16*64 + 64 + 64 + 1 parameters
     assert lines[-1] == "done: 20 steps (1.25 epochs) on 2 ranks, 1,153 parameters", lines

@@ -22,6 +22,7 @@ from IPython.utils.capture import capture_output
 
 from mpnb.engine.bootstrap import free_port
 from mpnb.execution.output import strip_ansi
+from tests.helpers import TORCHRUN_TEARDOWN_ABORT
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -70,10 +71,7 @@ def torchrun_env() -> dict[str, str]:
     return env
 
 
-# torch's own teardown of a DDP process under torchrun aborts now and then after the script's last line
-# (1 run in 30 here, with `destroy_process_group()` called): the reference run, not mpnb, is retried.
-TEARDOWN_ABORT = "terminate called without an active exception"
-TORCHRUN_ATTEMPTS = 3
+TORCHRUN_ATTEMPTS = 3  # torchrun, not mpnb, is retried after a teardown abort
 
 
 def run_torchrun(script: Path, args: list[str], log_dir: Path) -> dict[int, list[str]]:
@@ -90,7 +88,7 @@ def run_torchrun(script: Path, args: list[str], log_dir: Path) -> dict[int, list
             str(script), *args,
         ]
         proc = subprocess.run(cmd, env=torchrun_env(), capture_output=True, text=True, timeout=180)
-        if proc.returncode == 0 or TEARDOWN_ABORT not in proc.stderr:
+        if proc.returncode == 0 or TORCHRUN_TEARDOWN_ABORT not in proc.stderr:
             break
     log_dir = log_dir / str(attempt)
     assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr[-4000:]}"
