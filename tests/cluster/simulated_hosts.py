@@ -16,6 +16,7 @@ removed before a new start. Needs root and iproute2; `skip_reason()` says why no
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -23,7 +24,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,14 +106,25 @@ def set_link(host: str, up: bool) -> None:
     _ip("-n", namespace(host), "link", "set", f"mpnbv{index}a", "up" if up else "down")
 
 
-def _wait_for(path: Path, proc: subprocess.Popen, seconds: float) -> None:
+def wait(ready: Callable[[], object], proc: subprocess.Popen, what: str, seconds: float) -> None:
+    """Poll `ready` until it is true; raise "`what` within `seconds` s" if `proc` exits or time runs out."""
     deadline = time.monotonic() + seconds
-    while not path.exists():
+    while not ready():
         if proc.poll() is not None:
-            raise RuntimeError(f"the controller exited ({proc.returncode}) before writing {path.name}")
+            raise RuntimeError(f"{what} within {seconds:g} s: it exited ({proc.returncode})")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"the controller wrote no {path.name} within {seconds:g} s")
+            raise RuntimeError(f"{what} within {seconds:g} s")
         time.sleep(0.1)
+
+
+def on_host(host: str, script: str, **popen) -> subprocess.Popen:
+    """`sh -c script` on the simulated host: in its network namespace, under its own host name, in a
+    session of its own (for `kill_all`); output discarded."""
+    return subprocess.Popen(
+        ["ip", "netns", "exec", namespace(host), "unshare", "--uts", "sh", "-c",
+         f"hostname {host}; {script}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, **popen,
+    )
 
 
 def _keys(workdir: Path) -> Path:
@@ -134,23 +146,15 @@ def _start_sshd(host: str, address: str, keys: Path) -> subprocess.Popen:
         "KbdInteractiveAuthentication no", "PermitRootLogin prohibit-password", "LogLevel ERROR",
     ]) + "\n")
     os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation directory
-    return subprocess.Popen(
-        ["ip", "netns", "exec", namespace(host), "unshare", "--uts", "sh", "-c",
-         f"hostname {host}; exec {SSHD} -D -e -f {config}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
+    return on_host(host, f"exec {SSHD} -D -e -f {config}")
 
 
-def _wait_listening(address: str, port: int, proc: subprocess.Popen, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        with contextlib.suppress(OSError), socket.create_connection((address, port), timeout=1):
-            return
-        if proc.poll() is not None:
-            raise RuntimeError(f"sshd on {address} exited ({proc.returncode})")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"nothing listens on {address}:{port} after {seconds:g} s")
-        time.sleep(0.1)
+def _listening(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 def ssh_args(keys: Path) -> list[str]:
@@ -174,7 +178,8 @@ def simulated_hosts(workdir: Path, *, engines_per_host: int = 2, names_resolve: 
         if keys is not None:
             for host, address in addresses.items():
                 procs.append(_start_sshd(host, address, keys))
-                _wait_listening(address, 22, procs[-1], 30)
+                listening = functools.partial(_listening, address, 22)
+                wait(listening, procs[-1], f"nothing listened on {address}:22", 30)
         if not engines_per_host:
             yield Hosts(profile, CLUSTER_ID, addresses, ssh_args(keys) if keys else [])
             return
@@ -185,16 +190,12 @@ def simulated_hosts(workdir: Path, *, engines_per_host: int = 2, names_resolve: 
         )
         procs.append(controller)
         engine_file = profile / "security" / f"ipcontroller-{CLUSTER_ID}-engine.json"
-        _wait_for(engine_file, controller, 60)
+        wait(engine_file.exists, controller, f"the controller wrote no {engine_file.name}", 60)
         engine = (f"{sys.executable} -m ipyparallel.engine --file={engine_file} --profile-dir={profile} "
                   f"--cluster-id={CLUSTER_ID}")
         for host in HOSTS:
-            script = f"hostname {host}; " + " ".join([f"{engine} &"] * engines_per_host) + " wait"
-            procs.append(subprocess.Popen(
-                ["ip", "netns", "exec", namespace(host), "unshare", "--uts", "sh", "-c", script],
-                env=dict(os.environ, OMP_NUM_THREADS="1"),
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-            ))
+            script = " ".join([f"{engine} &"] * engines_per_host) + " wait"
+            procs.append(on_host(host, script, env=dict(os.environ, OMP_NUM_THREADS="1")))
         yield Hosts(profile, CLUSTER_ID, addresses, ssh_args(keys) if keys else [])
     finally:
         kill_all(procs)

@@ -17,11 +17,10 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from .simulated_hosts import HOSTS, Hosts, kill_all, namespace
+from .simulated_hosts import HOSTS, Hosts, kill_all, on_host, wait
 
 TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "sinfo", "squeue")
 CGROUPS = " && ".join([
@@ -67,16 +66,8 @@ def _start_munged(home: Path) -> tuple[subprocess.Popen, Path]:
          f"--seed-file={home / 'munged.seed'}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
-    _wait(lambda: socket.exists(), munged, "munged made no socket", 20)
+    wait(socket.exists, munged, "munged made no socket (its log: slurm/munged.log)", 20)
     return munged, socket
-
-
-def _on_host(host: str, command: str) -> subprocess.Popen:
-    script = f"hostname {host}; {command}"
-    return subprocess.Popen(
-        ["ip", "netns", "exec", namespace(host), "unshare", "--uts", "sh", "-c", script],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
 
 
 def _idle_nodes(env: dict[str, str]) -> int:
@@ -87,14 +78,6 @@ def _idle_nodes(env: dict[str, str]) -> int:
 def _jobs(env: dict[str, str]) -> list[str]:
     listing = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True)
     return listing.stdout.split()
-
-
-def _wait(ready, proc: subprocess.Popen, what: str, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while not ready():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{what} within {seconds:g} s (see its log in the test's directory)")
-        time.sleep(0.2)
 
 
 @contextlib.contextmanager
@@ -112,13 +95,13 @@ def simulated_slurm(workdir: Path, hosts: Hosts) -> Iterator[dict[str, str]]:
         conf = _config(home, spool, hosts, socket)
         env = dict(os.environ, SLURM_CONF=str(conf))
         head = next(iter(HOSTS))
-        procs.append(_on_host(head, f"exec slurmctld -D -i -f {conf}"))
+        procs.append(on_host(head, f"exec slurmctld -D -i -f {conf}"))
         for host in HOSTS:
-            procs.append(_on_host(host, f"{CGROUPS} && exec slurmd -D -f {conf} -N {host}"))
-        _wait(lambda: _idle_nodes(env) == len(HOSTS), procs[1], "the Slurm nodes were not idle", 60)
+            procs.append(on_host(host, f"{CGROUPS} && exec slurmd -D -f {conf} -N {host}"))
+        wait(lambda: _idle_nodes(env) == len(HOSTS), procs[1], "the nodes were not idle (logs: slurm/)", 60)
         yield env
         with contextlib.suppress(RuntimeError):  # jobs that were cancelled end (their tasks killed) first
-            _wait(lambda: not _jobs(env), procs[1], "Slurm jobs still running", 30)
+            wait(lambda: not _jobs(env), procs[1], "Slurm's jobs did not end", 30)
     finally:
         kill_all(procs)
         shutil.rmtree(spool, ignore_errors=True)

@@ -22,7 +22,7 @@ from mpnb.errors import ClusterError, ConfigError
 from tests.helpers import expect_error, run, wait_for
 
 from . import simulated_slurm
-from .simulated_hosts import BRIDGE_ADDR, HOSTS, NET, set_link, simulated_hosts, skip_reason
+from .simulated_hosts import BRIDGE_ADDR, HOSTS, NET, namespace, set_link, simulated_hosts, skip_reason
 from .test_multinode import listening_addresses
 
 pytestmark = [
@@ -55,7 +55,7 @@ DAEMONS = ("sshd", "slurmctld", "slurmd")  # the fixtures' own
 
 def processes_on(host: str) -> set[int]:
     """Every process in the host's namespace but the fixtures' daemons."""
-    listing = subprocess.run(["ip", "netns", "pids", f"ns-{host}"], capture_output=True, text=True)
+    listing = subprocess.run(["ip", "netns", "pids", namespace(host)], capture_output=True, text=True)
     pids = listing.stdout.split()
     return {int(p) for p in pids if psutil.Process(int(p)).name() not in DAEMONS}
 
