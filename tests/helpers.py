@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import nbformat
 import psutil
@@ -85,3 +85,32 @@ def own_cluster(n: int = 2, timeout: float = 30) -> Iterator[Session]:
         yield sess
     finally:
         mpnb.stop()
+
+
+class RecordingComm:
+    """The frontend's end of one comm: keeps what the kernel sent."""
+
+    comm_id = "recording"
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    def send(self, data: dict[str, Any]) -> None:
+        self.sent.append(data)
+
+    def on_msg(self, _callback: Any) -> None:
+        pass
+
+    def on_close(self, _callback: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def cells(self) -> list[dict[str, Any]]:
+        return [m["cell"] for m in self.sent if m.get("type") == "state" and m.get("cell")]
+
+    def alive(self) -> list[tuple[str | None, dict[int, bool]]]:
+        """Each `state` message with a cluster: (the cell's status, rank -> alive)."""
+        return [((m.get("cell") or {}).get("status"), {r["rank"]: r["alive"] for r in m["cluster"]["ranks"]})
+                for m in self.sent if m.get("type") == "state" and m.get("cluster")]

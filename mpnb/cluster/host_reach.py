@@ -63,6 +63,27 @@ def unreachable(session: Session, ranks: Iterable[int]) -> dict[int, str]:
     return found
 
 
+class DropWatch:
+    """The ranks cut off by a host gone from the network, judged again at most every `every` seconds,
+    for a listener that is told of changes (the sidebar) rather than asking at each cell. It reads
+    only the memory store and the rank table, never the ipyparallel client: any thread may call it."""
+
+    def __init__(self, every: float = 1.0) -> None:
+        self.every = every
+        self.ranks: frozenset[int] = frozenset()
+        self._judged = float("-inf")
+
+    def changed(self, session: Session) -> bool:
+        """Judge again if `every` has passed; True if the set of cut-off ranks moved."""
+        now = time.monotonic()
+        if now - self._judged < self.every:
+            return False
+        self._judged = now
+        ranks = frozenset(unreachable(session, range(len(session.ranks))))
+        moved, self.ranks = ranks != self.ranks, ranks
+        return moved
+
+
 def is_local(info: RankInfo) -> bool:
     """The rank runs on this kernel's machine."""
     return info.host in (socket.gethostname(), "localhost", "127.0.0.1")

@@ -3,7 +3,8 @@
 The extension opens the comm when it connects to a kernel (and after a page
 reload); we answer at once with a `state` message and then push updates:
 `state` on every session change (start, stop, restart, config, cell state, a
-checkpoint saved: its `checkpoints` list, newest last) and `samples` with the
+checkpoint saved: its `checkpoints` list, newest last; a host that dropped off the
+network or came back: its ranks' `alive`) and `samples` with the
 session's memory samples, batched to at most `SENDS_PER_SECOND` messages. A
 `log` request gets the end of one rank's engine log (`log_reply`). When
 `%load_ext mpnb` runs after the page connected, we open a comm toward the
@@ -25,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from mpnb.cluster.host_reach import DropWatch
 from mpnb.monitoring.protocol import Sample, estimate_json
 
 log = logging.getLogger("mpnb")
@@ -54,6 +56,7 @@ class Dashboard:
         self._pending: list[Sample] = []
         self._estimate_sent: dict[str, int] = {}  # the estimate line the last state message carried
         self._checkpoints_sent = -1  # the store's checkpoints_version the last state message carried
+        self._dropped = DropWatch()  # ranks on a host gone from the network: shown as down
         self._cond = threading.Condition()
         self._closed = False
         self._flusher = threading.Thread(target=self._flush_loop, name="mpnb-dashboard", daemon=True)
@@ -170,6 +173,8 @@ class Dashboard:
                  "log": r.log}
                 for r in sess.ranks
             ]
+        for row in cached:  # the controller still lists them for its heartbeat tolerance (30 s)
+            row["alive"] = row["alive"] and row["rank"] not in self._dropped.ranks
         return cached
 
     def _cell(self, sess: Any) -> dict[str, Any] | None:
@@ -224,6 +229,7 @@ class Dashboard:
         elif self._followed is not sess:
             self._follow(sess)
         if event in ("start", "restart"):
+            self._dropped = DropWatch()
             with self._lock:
                 self._notebook_cell_ids.clear()
         elif event == "cell":
@@ -256,8 +262,9 @@ class Dashboard:
             self._broadcast({"type": "samples", "samples": batch})
             sess = self._followed
             if sess is not None and (estimate_json(sess.memory.estimate) != self._estimate_sent
-                                     or sess.memory.checkpoints_version != self._checkpoints_sent):
-                # mpnb.prepare announced a new estimate line mid-cell, or a save finished
+                                     or sess.memory.checkpoints_version != self._checkpoints_sent
+                                     or self._dropped.changed(sess)):
+                # a new estimate line (mpnb.prepare), a save finished, a host dropped off or came back
                 self._broadcast(self.state())
             time.sleep(interval)
 

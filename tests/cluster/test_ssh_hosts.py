@@ -19,7 +19,8 @@ import pytest
 
 from mpnb.cluster import session as cluster_session
 from mpnb.errors import ClusterError, ConfigError
-from tests.helpers import expect_error, run, wait_for
+from mpnb.monitoring import dashboard
+from tests.helpers import RecordingComm, expect_error, run, wait_for
 
 from . import simulated_slurm
 from .simulated_hosts import BRIDGE_ADDR, HOSTS, NET, namespace, set_link, simulated_hosts, skip_reason
@@ -211,6 +212,8 @@ def test_a_host_that_drops_off_is_named_heal_goes_on_without_it_and_restart_brin
     said; before, the cell waited out gloo's timeout and the controller's (30 s each)."""
     sess, _, _ = started
     host_b = sorted(HOSTS)[1]
+    sidebar = RecordingComm()
+    dashboard.current().open_from_frontend(sidebar)
     timer = threading.Timer(3.0, set_link, (host_b, False))
     timer.start()
     t0 = time.perf_counter()
@@ -224,6 +227,10 @@ def test_a_host_that_drops_off_is_named_heal_goes_on_without_it_and_restart_brin
         res, out = run(ipython, "%mpnb status")
         alive = {line.split()[0]: line.split()[4] for line in out.splitlines()[2:]}
         assert alive == {"0": "True", "1": "True", "2": "False", "3": "False"}, out
+        # the sidebar was told while the cell still ran, not only by the cell's end
+        host_b_down = {0: True, 1: True, 2: False, 3: False}
+        assert ("running", host_b_down) in sidebar.alive(), sidebar.alive()
+        assert sidebar.alive()[-1][1] == host_b_down, sidebar.alive()
         t0 = time.perf_counter()
         res, out = run(ipython, "%mpnb heal")
         assert res.success and "rebuilt on 2 ranks (2 lost ranks left out)" in out, out
@@ -241,6 +248,7 @@ def test_a_host_that_drops_off_is_named_heal_goes_on_without_it_and_restart_brin
     assert [r.host for r in sess.ranks] == [h for h in sorted(HOSTS) for _ in range(2)]
     res, out = run(ipython, ALL_REDUCE)
     assert res.success and f"[ranks 0-{WORLD - 1}] {WORLD}" in out, out
+    assert sidebar.alive()[-1][1] == dict.fromkeys(range(WORLD), True), sidebar.alive()
 
 
 def test_stop_leaves_nothing_on_the_hosts(ipython, hosts, started):

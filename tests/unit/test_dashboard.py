@@ -17,30 +17,7 @@ from mpnb.cluster.launch import WorldPlan
 from mpnb.cluster.session import Session
 from mpnb.monitoring import dashboard as dashboard_mod
 from mpnb.planning.config import Config
-
-
-class RecordingComm:
-    """The frontend's end of one comm: keeps what the kernel sent."""
-
-    comm_id = "recording"
-
-    def __init__(self) -> None:
-        self.sent: list[dict[str, Any]] = []
-
-    def send(self, data: dict[str, Any]) -> None:
-        self.sent.append(data)
-
-    def on_msg(self, _callback: Any) -> None:
-        pass
-
-    def on_close(self, _callback: Any) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def cells(self) -> list[dict[str, Any]]:
-        return [m["cell"] for m in self.sent if m.get("type") == "state" and m.get("cell")]
+from tests.helpers import RecordingComm
 
 
 @pytest.fixture

@@ -46,3 +46,16 @@ def test_nothing_heard_from_anyone_is_not_blamed_on_a_host(monkeypatch):
     for r in (0, 1):
         session.memory._heard[r] -= 10
     assert host_reach.unreachable(session, range(4)) == {}
+
+
+def test_drop_watch_tells_when_a_host_drops_off_and_when_it_is_back(monkeypatch):
+    """What the sidebar's flush thread asks each second: did the set of cut-off ranks move?"""
+    monkeypatch.setattr(host_reach, "_answers", lambda address: False)
+    session = world(silent_s=10, address="10.77.0.12")
+    watch = host_reach.DropWatch(every=60)
+    assert watch.changed(session) and watch.ranks == {2, 3}
+    session.memory.add([{"rank": r, "t": 1.0, "used": 0} for r in (2, 3)])  # host B's samples again
+    assert not watch.changed(session) and watch.ranks == {2, 3}  # judged at most every 60 s
+    watch.every = 0
+    assert watch.changed(session) and watch.ranks == frozenset()
+    assert not watch.changed(session)
