@@ -4,9 +4,9 @@
 host before any engine starts: the spec, that `ssh` logs in without a password, and that the
 Python there can import mpnb and ipyparallel. The controller then listens on the one address of
 this machine that the hosts are reached through (never on all interfaces), and ipyparallel's
-`SSHEngineSetLauncher` starts the engines, which receive the controller's connection info in their
-environment (no files copied). A real cluster's SSH settings stay in `~/.ssh/config`; `ssh_args`
-adds options for this start only.
+`SSHEngineSetLauncher` starts the engines (all at once: `mpnb.cluster.ssh_launcher`), which receive
+the controller's connection info in their environment (no files copied). A real cluster's SSH
+settings stay in `~/.ssh/config`; `ssh_args` adds options for this start only.
 
 Kernel side: never imports torch.
 """
@@ -192,7 +192,7 @@ def cluster(hosts: Mapping[str, int], ssh_args: list[str], python: str, controll
     config.SSHEngineLauncher.to_send = []  # the connection info travels in the engines' environment
     return ipp.Cluster(
         n=sum(hosts.values()),
-        engine_launcher_class="ssh",
+        engine_launcher_class="mpnb.cluster.ssh_launcher.ParallelSSHEngineSetLauncher",
         controller_ip=controller_ip,
         controller_args=controller_args,
         config=config,
