@@ -80,13 +80,14 @@ def test_ranks_are_grouped_by_host_with_torchrun_variables_and_the_routed_interf
     assert session.ready_seconds < 60
 
 
-def test_a_collective_and_ddp_training_across_hosts_equal_one_process(view):
+def test_a_collective_and_ddp_and_fsdp_training_across_hosts_equal_one_process(view):
     view.execute("t = torch.tensor([float(rank + 1)]); dist.all_reduce(t); total = t.item()", block=True)
     assert view.pull("total", block=True) == [float(sum(range(1, WORLD + 1)))] * WORLD
     want = local_run(steps=4)["losses"]
-    got = cluster_run(view, {"strategy": "ddp"}, steps=4)
-    for result in got:
-        assert_close(result["losses"], want, rel=1e-5)
+    for strategy in ("ddp", "fsdp"):  # FSDP: each host holds half of every parameter, gathered across
+        got = cluster_run(view, {"strategy": strategy}, steps=4)
+        for result in got:
+            assert_close(result["losses"], want, rel=1e-5)
 
 
 def listening_addresses(pid: int) -> set[str]:
