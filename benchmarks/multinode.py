@@ -1,14 +1,15 @@
 """all_reduce between two hosts: mpnb cells against torchrun started over the same SSH hosts.
 
 Two hosts are simulated for real (network namespaces joined by a bridge, an sshd on each:
-`tests/cluster/simulated_hosts.py`; needs root). Both sides run 2 ranks per host, gloo, one thread:
+`tests/cluster/simulated_hosts.py`; needs root). Both sides run the same ranks per host (2, or
+`--ranks-per-host`), gloo, one thread each:
 
 - mpnb: `mpnb.start(ssh=...)` once (ipyparallel's SSH launcher), then each round is one
   `%%distributed` cell (`run_cell`) that times the all_reduces on every rank, once as a user gets
   it and once with the memory monitor detached ("mpnb, no monitor": its 10 Hz sampler is the one
   thing mpnb adds to a rank while a cell runs);
 - torchrun: each round, `ssh HOST python -m torch.distributed.run --nnodes 2 --node_rank I
-  --nproc_per_node 2 ...` on both hosts at once, running the same timing code as a script.
+  --nproc_per_node N ...` on both hosts at once, running the same timing code as a script.
 
 Each rank times ITERS all_reduces of a float32 tensor of each size between two barriers (after a
 warm-up one); a round's time is the slowest rank's. Rounds alternate (torchrun, mpnb, mpnb,
@@ -17,7 +18,11 @@ each, and the median of the rounds' ratios to torchrun (target <= 1.05): the col
 same gloo code either way, so what this measures is whether mpnb's engines (their threads, the
 memory sampler, the comm counter, keepalive on the group's connections) slow the network path down.
 
-Usage: python benchmarks/multinode.py [--rounds 5] [--sizes-mb 1,16,256]
+With 2 ranks per host, 4 ranks share this machine's 2 cores: any thread an engine runs besides the
+collective (ipyparallel's heartbeat, the sampler) takes time from a rank. `--ranks-per-host 1` gives
+each rank a core of its own, which is what a real cluster has.
+
+Usage: python benchmarks/multinode.py [--rounds 5] [--sizes-mb 1,16,256] [--ranks-per-host 2]
 """
 
 from __future__ import annotations
@@ -78,7 +83,7 @@ dist.destroy_process_group()
 '''
 
 
-def torchrun_round(hosts, sizes: list[int], workdir: Path) -> dict[int, float]:
+def torchrun_round(hosts, sizes: list[int], workdir: Path, per_host: int) -> dict[int, float]:
     script, report = workdir / "allreduce.py", workdir / "report.json"
     script.write_text(SCRIPT)
     report.unlink(missing_ok=True)
@@ -87,8 +92,8 @@ def torchrun_round(hosts, sizes: list[int], workdir: Path) -> dict[int, float]:
     procs = []
     for node, address in enumerate(addresses):
         command = (f"OMP_NUM_THREADS=1 {sys.executable} -m torch.distributed.run --nnodes {len(addresses)} "
-                   f"--node_rank {node} --nproc_per_node 2 --master_addr {addresses[0]} --master_port {port} "
-                   f"{script} '{json.dumps(sizes)}' '{json.dumps(ITERS)}' {report}")
+                   f"--node_rank {node} --nproc_per_node {per_host} --master_addr {addresses[0]} "
+                   f"--master_port {port} {script} '{json.dumps(sizes)}' '{json.dumps(ITERS)}' {report}")
         ssh = ["ssh", "-o", "BatchMode=yes", *hosts.ssh_args, f"root@{address}", command]
         procs.append(subprocess.Popen(ssh, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
     for proc in procs:
@@ -119,6 +124,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--sizes-mb", default="1,16,256")
+    parser.add_argument("--ranks-per-host", type=int, default=2)
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes_mb.split(",")]
     if skip_reason(sshd=True):
@@ -127,14 +133,14 @@ def main() -> None:
     times: dict[str, dict[int, list[float]]] = {side: {s: [] for s in sizes} for side in sides}
     with tempfile.TemporaryDirectory() as tmp, \
             simulated_hosts(Path(tmp), engines_per_host=0, sshd=True) as hosts:
-        spec = ",".join(f"root@{a}:2" for a in hosts.addresses.values())
+        spec = ",".join(f"root@{a}:{args.ranks_per_host}" for a in hosts.addresses.values())
         session = mpnb.start(ssh=spec, ssh_args=hosts.ssh_args, verbose=False)
         try:
             mpnb_round(session, [1])  # the first cell's one-off costs stay out of the rounds
             for i in range(args.rounds):
                 for side in sides if i % 2 == 0 else sides[::-1]:
                     if side == "torchrun":
-                        got = torchrun_round(hosts, sizes, Path(tmp))
+                        got = torchrun_round(hosts, sizes, Path(tmp), args.ranks_per_host)
                     else:
                         got = mpnb_round(session, sizes, monitor=side == "mpnb")
                     for mb in sizes:
@@ -145,8 +151,9 @@ def main() -> None:
                     for mb in sizes), flush=True)
         finally:
             mpnb.stop()
-    print("\nall_reduce, 4 ranks on 2 hosts (gloo): median time per op over the rounds, and the median")
-    print("of each round's ratio to torchrun (they ran back to back, so they saw the same load)")
+    world = args.ranks_per_host * len(hosts.addresses)
+    print(f"\nall_reduce, {world} ranks on 2 hosts (gloo): median time per op over the rounds, and the")
+    print("median of each round's ratio to torchrun (they ran back to back, so they saw the same load)")
     header = f"{'size':>7} {'torchrun':>9} {'mpnb':>9} {'ratio':>6} {'no monitor':>11} {'ratio':>6}"
     print(header + "  (target <= 1.05)")
     for mb in sizes:
