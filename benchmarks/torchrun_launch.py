@@ -11,11 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from mpnb.engine.bootstrap import free_port
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, for tests.helpers
 
-# torch's teardown of a gloo worker aborts now and then after the script's last line (1 launch in 10
-# here): torchrun exits 1, yet everything the script printed or wrote is there.
-TEARDOWN_ABORT = "terminate called without an active exception"
+from mpnb.engine.bootstrap import free_port
+from tests.helpers import TORCHRUN_TEARDOWN_ABORT
 
 
 @dataclass
@@ -27,8 +26,9 @@ class Launch:
 
     @property
     def completed(self) -> bool:
-        """The script ran to its end (`out` must hold stderr to tell a teardown abort)."""
-        return self.returncode == 0 or TEARDOWN_ABORT in self.out
+        """The script ran to its end: exit 0, or torch's teardown abort after it (`out` must hold
+        stderr to tell)."""
+        return self.returncode == 0 or TORCHRUN_TEARDOWN_ABORT in self.out
 
 
 def torchrun(
