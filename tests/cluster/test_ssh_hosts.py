@@ -116,9 +116,9 @@ def test_connect_to_a_cluster_ipcluster_started_with_its_engine_launcher(ipython
     (profile / "ipcluster_config.py").write_text("\n".join([
         f"c.Cluster.controller_ip = {BRIDGE_ADDR!r}", f"c.Cluster.n = {WORLD}", *PROFILES[launcher](hosts),
     ]) + "\n")
-    with contextlib.ExitStack() as stack:
-        slurm = simulated_slurm.simulated_slurm(tmp_path, hosts) if launcher == "slurm" else None
-        connect_and_run(ipython, profile, stack.enter_context(slurm) if slurm else None)
+    batch_system = simulated_slurm.simulated_slurm(tmp_path, hosts) if launcher == "slurm" else None
+    with batch_system or contextlib.nullcontext() as env:  # Slurm's environment for sbatch; else None
+        connect_and_run(ipython, profile, env)
     assert wait_for(lambda: not any(processes_on(h) for h in HOSTS), timeout=30), [
         psutil.Process(pid).cmdline() for h in HOSTS for pid in processes_on(h)]
 
