@@ -17,7 +17,6 @@ Kernel side: never imports torch.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from mpnb.cluster.session import Health, Need, Session
 from mpnb.errors import RankError
@@ -79,7 +78,7 @@ def check_ready(session: Session) -> None:
         return
     if health.need == "wait":
         busy = [r for r in health.busy if r < session.world_size]
-        still = busy_engines(session, [session.ranks[r].engine_id for r in busy])
+        still = session.pending_elsewhere([session.ranks[r].engine_id for r in busy])
         if not still:
             session.health = None  # they came back on their own
             return
@@ -93,11 +92,3 @@ def alive_ranks(session: Session) -> list[int]:
     dead = {d.rank for d in watchdog.dead_ranks(session, list(range(session.world_size)))}
     return [r for r in range(session.world_size) if r not in dead]
 
-
-def busy_engines(session: Session, engine_ids: list[int]) -> list[int]:
-    """Those of `engine_ids` with work queued at the controller (still inside the last cell)."""
-    try:
-        queues: Any = session.client.queue_status(targets=engine_ids)
-    except Exception:
-        return []
-    return [e for e in engine_ids if isinstance(queues.get(e), dict) and queues[e].get("queue", 0)]

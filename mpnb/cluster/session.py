@@ -168,10 +168,12 @@ class Session:
         alive_ids = set(self.client.ids) - {self.ranks[r].engine_id for r in cut_off}
         queues = self._queue_status(fresh)
         running = {int(r) for r, s in (self.cell or {}).get("ranks", {}).items() if s == "running"}
+        counted = [i.engine_id for i in self.ranks
+                   if i.rank not in running and _counts_work(queues, i.engine_id)]
+        still_queued = set(self.pending_elsewhere(counted))
         rows = []
         for info in self.ranks:
-            q = queues.get(info.engine_id, {})
-            queued = bool(q.get("queue", 0) or q.get("tasks", 0)) if isinstance(q, dict) else False
+            queued = info.engine_id in still_queued
             rows.append(
                 {
                     "rank": info.rank,
@@ -195,6 +197,22 @@ class Session:
             self._queues = queues if isinstance(queues, dict) else {}
             self._queues_at = now
         return self._queues
+
+    def pending_elsewhere(self, engine_ids: list[int]) -> list[int]:
+        """Those of `engine_ids` with a request queued at the controller that this client has no reply to.
+
+        The controller learns that a request ended a moment after this client has the reply,
+        so right after a blocking call its counts still show the finished request.
+        """
+        if not engine_ids:
+            return []
+        try:
+            detail: Any = self.client.queue_status(targets=engine_ids, verbose=True)
+        except Exception:  # controller gone: no queue information
+            return []
+        results = self.client.results
+        return [e for e in engine_ids if isinstance(detail.get(e), dict)
+                and any(m not in results for m in [*detail[e].get("queue", []), *detail[e].get("tasks", [])])]
 
     def wait_until_warm(self) -> None:
         """Until every rank's background warm-up (`mpnb.engine.ds_ops`, begun by setup) has ended.
@@ -332,3 +350,8 @@ def release_current(sess: Session) -> None:
     global _current
     if _current is sess:
         _current = None
+
+
+def _counts_work(queues: dict[int, Any], engine_id: int) -> bool:
+    q = queues.get(engine_id, {})
+    return isinstance(q, dict) and bool(q.get("queue", 0) or q.get("tasks", 0))

@@ -6,6 +6,7 @@ not use the shared `cluster` fixture.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 
@@ -78,6 +79,11 @@ def test_lifecycle_start_status_config_push_pull_restart_stop(ipython):
         for rank, row in enumerate(rows[2:]):
             cells = row.split()
             assert cells[0] == str(rank) and int(cells[2]) in pids and cells[3:] == ["cpu", "True", "False"]
+
+        # right after a blocking call the controller may still count it as queued: not busy
+        for _ in range(20):
+            sess.view().apply_sync(os.getpid)
+            assert [row["busy"] for row in sess.rank_status(fresh=True)] == [False, False]
 
         # a rank running something shows as busy (the controller answers; the engines are not asked)
         sleeping = sess.view().execute("import time; time.sleep(4)")
