@@ -130,7 +130,7 @@ def _write(handle: SaveHandle, target: Path, token: str, state: dict[str, Any], 
             error = _failed(target, _disk_full(tmp, str(e)) or f"rank {me}: {e}")
         agree(error, group)
         try:
-            with single_process_quiet():
+            with single_process_quiet(), _without_zip_crc32():
                 # plan caching: a save of the same state as last time skips DCP's gather/scatter of plans
                 metadata = dcp_save(state, storage_writer=FileSystemWriter(tmp, thread_count=WRITE_THREADS),
                                     planner=DefaultSavePlanner(enable_plan_caching=True),
@@ -157,6 +157,18 @@ def _write(handle: SaveHandle, target: Path, token: str, state: dict[str, Any], 
     handle.seconds = time.perf_counter() - started
     if me == 0:
         _announce(handle, manifest, ranks)
+
+
+@contextlib.contextmanager
+def _without_zip_crc32() -> Iterator[None]:
+    """DCP stores each tensor as a `torch.save` zip, for which torch computes a CRC-32 that
+    `torch.load` never checks; the manifest's xxh3 of every file already covers each byte."""
+    before = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(False)
+    try:
+        yield
+    finally:
+        torch.serialization.set_crc32_options(before)
 
 
 @contextlib.contextmanager
@@ -257,7 +269,7 @@ def leaves(state: Any) -> Iterator[Any]:
 
 
 def _rank_record(tmp: Path, me: int, state: dict[str, Any]) -> dict[str, Any]:
-    names = [p.name for p in tmp.glob(f"__{me}_*.distcp")] + [fmt.rng_file(me)]
+    names = [p.name for p in tmp.glob(f"__{me}_*{fmt.DCP_DATA_SUFFIX}")] + [fmt.rng_file(me)]
     if me == 0:
         names += [fmt.DCP_METADATA] + ([fmt.SCHEDULER] if (tmp / fmt.SCHEDULER).exists() else [])
     held = [x for x in leaves(state) if not isinstance(x, (int, float, str, type(None)))]
