@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ import xxhash
 FORMAT = "mpnb-checkpoint/1"
 MANIFEST = "mpnb.json"
 DCP_METADATA = ".metadata"
+DCP_DATA_SUFFIX = ".distcp"  # DCP's tensor files, __{rank}_{i}.distcp
 RNG_DIR = "rng"
 SCHEDULER = "scheduler.pt"
 MODEL_PREFIX = "model."
@@ -87,26 +89,42 @@ def checksum(path: str | os.PathLike[str]) -> str:
     """The file's xxh3-64 in hex: DCP stores raw tensor bytes, so a flipped byte would load silently
     without one (xxh3 hashes at memory speed; CRC-32 was a fifth of a save's time)."""
     digest = xxhash.xxh3_64()
+    _read_through(path, digest.update)
+    return digest.hexdigest()
+
+
+def _read_through(path: str | os.PathLike[str], update: Callable[[memoryview], Any]) -> None:
     buffer = bytearray(READ_CHUNK)
     view = memoryview(buffer)
     with open(path, "rb", buffering=0) as f:
         while n := f.readinto(buffer):
-            digest.update(view[:n])
-    return digest.hexdigest()
+            update(view[:n])
 
 
-def _crc32(path: Path) -> int:
-    value = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(READ_CHUNK):
-            value = zlib.crc32(chunk, value)
-    return value
+class Digest:
+    """The checksum a manifest entry names (xxh3, or CRC-32 in older checkpoints), fed chunk by chunk."""
+
+    def __init__(self, info: dict[str, Any]) -> None:
+        self._info = info
+        self._xxh3 = xxhash.xxh3_64() if CHECKSUM in info else None
+        self._crc32 = 0
+
+    def update(self, chunk: Any) -> None:
+        if self._xxh3 is not None:
+            self._xxh3.update(chunk)
+        elif "crc32" in self._info:
+            self._crc32 = zlib.crc32(chunk, self._crc32)
+
+    def differs(self) -> bool:
+        if self._xxh3 is not None:
+            return self._xxh3.hexdigest() != self._info[CHECKSUM]
+        return "crc32" in self._info and self._crc32 != self._info["crc32"]
 
 
 def _bytes_differ(path: Path, info: dict[str, Any]) -> bool:
-    if CHECKSUM in info:
-        return checksum(path) != info[CHECKSUM]
-    return "crc32" in info and _crc32(path) != info["crc32"]
+    digest = Digest(info)
+    _read_through(path, digest.update)
+    return digest.differs()
 
 
 def listed_files(manifest: dict[str, Any]) -> list[tuple[int, str, dict[str, Any]]]:
@@ -117,8 +135,11 @@ def listed_files(manifest: dict[str, Any]) -> list[tuple[int, str, dict[str, Any
 def corrupted_files(path: str | os.PathLike[str], files: list[tuple[int, str, dict[str, Any]]]) -> list[str]:
     """Those of `files` whose checksum differs from the one written (sizes checked first)."""
     root = Path(path)
-    return [f"{name} (rank {rank}) does not hold the bytes that were written (checksum differs)"
-            for rank, name, info in files if _bytes_differ(root / name, info)]
+    return [changed_bytes(name, rank) for rank, name, info in files if _bytes_differ(root / name, info)]
+
+
+def changed_bytes(name: str, rank: int) -> str:
+    return f"{name} (rank {rank}) does not hold the bytes that were written (checksum differs)"
 
 
 def missing_or_short_files(path: str | os.PathLike[str], manifest: dict[str, Any]) -> list[str]:

@@ -29,6 +29,7 @@ from mpnb.engine.checkpoint.collective import (
     single_process_quiet,
     world,
 )
+from mpnb.engine.checkpoint.verified_reader import VerifiedFileReader
 from mpnb.errors import CheckpointError
 
 
@@ -55,8 +56,10 @@ def load(trainer: Any, path: str | os.PathLike[str], *, optimizer: bool = True) 
     agree(_mismatch(_live_shapes(state), manifest, root, optimizer))
     try:
         with single_process_quiet():
-            dcp_load(state, checkpoint_id=root, no_dist=not distributed())
+            dcp_load(state, storage_reader=_reader(root, manifest), no_dist=not distributed())
     except (Exception, checkpoint_exception()) as e:
+        if damage := _raised_on_a_rank(e, CheckpointError):
+            raise damage from None
         raise CheckpointError(
             f"Reading the checkpoint at {root} failed ({failure_text(e)}): a file is damaged or unreadable. "
             "Resume from an earlier checkpoint; the model was not changed where the read failed."
@@ -79,12 +82,34 @@ def _complete_manifest(root: Path) -> dict[str, Any]:
 
 
 def _damage_report(root: Path, manifest: dict[str, Any]) -> str | None:
-    """Every file's checksum checked once, the files split among the ranks; the same report on all."""
-    mine = [f for f in fmt.listed_files(manifest) if f[0] % world() == rank()]  # each its own files first
+    """The checksums of the files besides DCP's tensor files (those are checked as they are read),
+    split among the ranks; the same report on all."""
+    mine = [f for f in fmt.listed_files(manifest)
+            if f[0] % world() == rank() and not f[1].endswith(fmt.DCP_DATA_SUFFIX)]
     problems = [p for part in gather(fmt.corrupted_files(root, mine)) for p in part]
     if not problems:
         return None
     return _damaged(root, problems)
+
+
+def _reader(root: Path, manifest: dict[str, Any]) -> VerifiedFileReader:
+    """DCP's reader that checks each tensor file's checksum as it reads it, before the model changes."""
+    def agree_intact(problems: list[str]) -> None:
+        found = sorted({p for part in gather(problems) for p in part})
+        if found:
+            raise CheckpointError(_damaged(root, found))
+
+    files = {name: (writer, info) for writer, name, info in fmt.listed_files(manifest)}
+    return VerifiedFileReader(root, files, agree_intact)
+
+
+def _raised_on_a_rank(e: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first `kind` error among those DCP collected from the ranks (its CheckpointException)."""
+    for failure in (getattr(e, "failures", None) or {}).values():
+        exc = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(exc, kind):
+            return exc
+    return None
 
 
 def _damaged(root: Path, problems: list[str]) -> str:

@@ -1,0 +1,137 @@
+"""Reading DCP's per-tensor `torch.save` zips without `torch.load`, and the reader built on it.
+
+`tensor_view` must give exactly what `torch.load` gives for every plain tensor
+(any dtype, layout, view, size), share the bytes it was handed, and decline
+everything else. `trainer.load` through `VerifiedFileReader` (world size 1: the
+same DCP files the ranks write) must restore the state and refuse damaged files
+before changing the model; each file is checked by the rank that needs most of it.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+import torch
+
+import mpnb
+from mpnb.engine.checkpoint.saved_tensor import tensor_view
+from mpnb.errors import CheckpointError
+from mpnb.models import synthetic_batches, tiny_gpt
+
+
+def _saved(obj: object) -> memoryview:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return memoryview(bytearray(buffer.getvalue()))
+
+
+BASE = torch.randn(6, 8)
+PLAIN = {
+    "float32": torch.randn(3, 4),
+    "transposed": BASE.t(),
+    "a view into a bigger storage": BASE[2:4, 1:5],
+    "bfloat16": torch.randn(5).bfloat16(),
+    "float16": torch.randn(2, 3).half(),
+    "int64": torch.arange(7),
+    "bool": torch.tensor([True, False, True]),
+    "0-d": torch.tensor(3.5),
+    "empty": torch.empty(0, 3),
+}
+
+
+@pytest.mark.parametrize("name", list(PLAIN))
+def test_plain_tensors_read_back_as_torch_load_reads_them(name: str) -> None:
+    blob = _saved(PLAIN[name])
+    view = tensor_view(blob)
+    loaded = torch.load(io.BytesIO(blob), weights_only=True)
+    assert view is not None
+    assert view.dtype == loaded.dtype and view.shape == loaded.shape and view.stride() == loaded.stride()
+    assert torch.equal(view, loaded)
+
+
+def test_the_view_shares_the_bytes_it_was_given() -> None:
+    blob = _saved(torch.zeros(4))
+    view = tensor_view(blob)
+    assert view is not None
+    view.fill_(2.0)  # written through to the buffer: no copy was made
+    assert torch.equal(torch.load(io.BytesIO(blob), weights_only=True), torch.full((4,), 2.0))
+
+
+NOT_PLAIN = [torch.nn.Parameter(torch.ones(2)), {"a": torch.ones(2)}, 3, [torch.ones(1)]]
+
+
+@pytest.mark.parametrize("other", NOT_PLAIN, ids=["parameter", "dict", "int", "list"])
+def test_anything_but_a_plain_tensor_is_declined(other: object) -> None:
+    assert tensor_view(_saved(other)) is None
+
+
+def test_bytes_that_are_not_a_zip_are_declined() -> None:
+    assert tensor_view(memoryview(bytearray(b"not a torch.save file" * 10))) is None
+
+
+def _trained(steps: int) -> mpnb.Trainer:
+    torch.manual_seed(0)
+    net = tiny_gpt(0)
+    trainer = mpnb.prepare(net, torch.optim.AdamW(net.parameters(), lr=1e-3), config={"strategy": "ddp"})
+    for batch in synthetic_batches(batch_size=4, steps=steps):
+        trainer.step(batch)
+    return trainer
+
+
+def _state(trainer: mpnb.Trainer) -> dict[str, torch.Tensor]:
+    names = {id(p): n for n, p in trainer.unwrapped_model.named_parameters()}
+    model = {f"model.{k}": v.clone() for k, v in trainer.unwrapped_model.state_dict().items()}
+    moments = {f"optim.{names[id(p)]}.{k}": v.clone() for p, s in trainer.optimizer.state.items()
+               for k, v in s.items()}
+    return {**model, **moments}
+
+
+def test_a_load_restores_weights_and_moments(tmp_path: Path) -> None:
+    source = _trained(3)
+    source.save(tmp_path / "ck")
+    fresh = _trained(1)
+    fresh.load(tmp_path / "ck")
+    want, got = _state(source), _state(fresh)
+    assert want.keys() == got.keys()
+    assert [k for k in want if not torch.equal(want[k], got[k])] == []
+    assert fresh.steps == 3
+
+
+def test_a_damaged_tensor_file_is_refused_before_the_model_changes(tmp_path: Path) -> None:
+    _trained(3).save(tmp_path / "ck")
+    shard = next((tmp_path / "ck").glob("__0_*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size: only the checksum tells
+    shard.write_bytes(data)
+    fresh = _trained(1)
+    before = _state(fresh)
+    with pytest.raises(CheckpointError, match=rf"damaged: {shard.name} \(rank 0\).*checksum differs"):
+        fresh.load(tmp_path / "ck")
+    after = _state(fresh)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert fresh.steps == 1
+
+
+def test_each_file_is_checked_by_the_rank_that_needs_most_of_it(tmp_path: Path) -> None:
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+    from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
+
+    from mpnb.engine.checkpoint.verified_reader import VerifiedFileReader
+
+    stored = {("a", 0): ("__0_0.distcp", 100), ("b", 0): ("__0_0.distcp", 5),
+              ("c", 0): ("__1_0.distcp", 100), ("step", 0): ("__1_0.distcp", 8)}
+    reader = VerifiedFileReader(tmp_path, {}, lambda problems: None)
+    reader.storage_data = {MetadataIndex(fqn, index=i): _StorageInfo(name, 0, length)
+                           for (fqn, i), (name, length) in stored.items()}
+
+    def plan(*fqns: str) -> LoadPlan:
+        return LoadPlan([ReadItem(LoadItemType.TENSOR, MetadataIndex(f, index=0), torch.Size([0]),
+                                  MetadataIndex(f, index=0), torch.Size([0]), torch.Size([1])) for f in fqns])
+
+    # rank 0 needs its own file and a replicated scalar rank 1 wrote; rank 1 its file and a bit of rank 0's
+    plans = reader.prepare_global_plan([plan("a", "step"), plan("b", "c", "step")])
+    assert [p.storage_data for p in plans] == [["__0_0.distcp"], ["__1_0.distcp"]]
+    assert [len(p.items) for p in plans] == [2, 3]  # what each reads is unchanged
