@@ -135,3 +135,13 @@ def test_each_file_is_checked_by_the_rank_that_needs_most_of_it(tmp_path: Path) 
     plans = reader.prepare_global_plan([plan("a", "step"), plan("b", "c", "step")])
     assert [p.storage_data for p in plans] == [["__0_0.distcp"], ["__1_0.distcp"]]
     assert [len(p.items) for p in plans] == [2, 3]  # what each reads is unchanged
+
+
+def test_checksums_hashed_while_writing_match_the_files(tmp_path: Path) -> None:
+    from mpnb.checkpoints import format as fmt
+
+    _trained(1).save(tmp_path / "ck")
+    listed = fmt.listed_files(fmt.read_manifest(tmp_path / "ck"))
+    assert any(name.endswith(fmt.DCP_DATA_SUFFIX) for _, name, _ in listed)
+    assert {name: info[fmt.CHECKSUM] for _, name, info in listed} == {
+        name: fmt.checksum(tmp_path / "ck" / name) for _, name, _ in listed}

@@ -41,6 +41,7 @@ from mpnb.engine.checkpoint.collective import (
     rank,
     single_process_quiet,
 )
+from mpnb.engine.checkpoint.hashing_writer import HashingFileSystemWriter
 from mpnb.errors import CheckpointError
 from mpnb.units import format_bytes
 
@@ -113,7 +114,7 @@ def _write_catching(handle: SaveHandle, *args: Any) -> None:
 
 def _write(handle: SaveHandle, target: Path, token: str, state: dict[str, Any], extras: dict[str, Any],
            manifest: dict[str, Any], group: dist.ProcessGroup | None) -> None:
-    from torch.distributed.checkpoint import DefaultSavePlanner, FileSystemWriter
+    from torch.distributed.checkpoint import DefaultSavePlanner
     from torch.distributed.checkpoint import save as dcp_save
 
     started = time.perf_counter()
@@ -131,8 +132,9 @@ def _write(handle: SaveHandle, target: Path, token: str, state: dict[str, Any], 
         agree(error, group)
         try:
             with single_process_quiet(), _without_zip_crc32():
+                writer = HashingFileSystemWriter(tmp, thread_count=WRITE_THREADS)
                 # plan caching: a save of the same state as last time skips DCP's gather/scatter of plans
-                metadata = dcp_save(state, storage_writer=FileSystemWriter(tmp, thread_count=WRITE_THREADS),
+                metadata = dcp_save(state, storage_writer=writer,
                                     planner=DefaultSavePlanner(enable_plan_caching=True),
                                     process_group=group, no_dist=not distributed())
         except (Exception, checkpoint_exception()) as e:
@@ -140,7 +142,7 @@ def _write(handle: SaveHandle, target: Path, token: str, state: dict[str, Any], 
             raise CheckpointError(_failed(target, _disk_full(tmp, why) or why)) from None
         record, error = None, None
         try:
-            record = _rank_record(tmp, me, state)
+            record = _rank_record(tmp, me, state, writer.checksums)
         except OSError as e:
             error = _failed(target, f"rank {me}: {e}")
         agree(error, group)
@@ -268,7 +270,8 @@ def leaves(state: Any) -> Iterator[Any]:
         yield state
 
 
-def _rank_record(tmp: Path, me: int, state: dict[str, Any]) -> dict[str, Any]:
+def _rank_record(tmp: Path, me: int, state: dict[str, Any], hashed: dict[str, str]) -> dict[str, Any]:
+    """What this rank wrote: counts, bytes, and each file's size and checksum (`hashed` while written)."""
     names = [p.name for p in tmp.glob(f"__{me}_*{fmt.DCP_DATA_SUFFIX}")] + [fmt.rng_file(me)]
     if me == 0:
         names += [fmt.DCP_METADATA] + ([fmt.SCHEDULER] if (tmp / fmt.SCHEDULER).exists() else [])
@@ -277,7 +280,7 @@ def _rank_record(tmp: Path, me: int, state: dict[str, Any]) -> dict[str, Any]:
         "rank": me,
         "tensors": len(held),
         "bytes": sum(local_bytes(x) for x in held),
-        "files": {n: {"bytes": (tmp / n).stat().st_size, fmt.CHECKSUM: fmt.checksum(tmp / n)}
+        "files": {n: {"bytes": (tmp / n).stat().st_size, fmt.CHECKSUM: hashed.get(n) or fmt.checksum(tmp / n)}
                   for n in sorted(names)},
     }
 
