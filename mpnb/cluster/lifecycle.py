@@ -305,7 +305,7 @@ def _wait_idle(session: Session, ranks: list[int], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     ids = [session.ranks[r].engine_id for r in ranks]
     while True:
-        busy = session.pending_elsewhere(ids)
+        busy = session.with_queued_work(ids)
         if not busy:
             return
         if time.monotonic() > deadline:

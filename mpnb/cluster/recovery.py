@@ -78,7 +78,7 @@ def check_ready(session: Session) -> None:
         return
     if health.need == "wait":
         busy = [r for r in health.busy if r < session.world_size]
-        still = session.pending_elsewhere([session.ranks[r].engine_id for r in busy])
+        still = session.with_queued_work([session.ranks[r].engine_id for r in busy])
         if not still:
             session.health = None  # they came back on their own
             return

@@ -170,7 +170,7 @@ class Session:
         running = {int(r) for r, s in (self.cell or {}).get("ranks", {}).items() if s == "running"}
         counted = [i.engine_id for i in self.ranks
                    if i.rank not in running and _counts_work(queues, i.engine_id)]
-        still_queued = set(self.pending_elsewhere(counted))
+        still_queued = set(self.with_queued_work(counted))
         rows = []
         for info in self.ranks:
             queued = info.engine_id in still_queued
@@ -198,7 +198,7 @@ class Session:
             self._queues_at = now
         return self._queues
 
-    def pending_elsewhere(self, engine_ids: list[int]) -> list[int]:
+    def with_queued_work(self, engine_ids: list[int]) -> list[int]:
         """Those of `engine_ids` with a request queued at the controller that this client has no reply to.
 
         The controller learns that a request ended a moment after this client has the reply,
@@ -206,12 +206,14 @@ class Session:
         """
         if not engine_ids:
             return []
-        try:
-            detail: Any = self.client.queue_status(targets=engine_ids, verbose=True)
+        try:  # counts first: the msg_id lists come with every request the engine ever completed
+            counts = self.client.queue_status(targets=engine_ids)
+            counted = [e for e in engine_ids if _counts_work(counts, e)]
+            detail: Any = self.client.queue_status(targets=counted, verbose=True) if counted else {}
         except Exception:  # controller gone: no queue information
             return []
         results = self.client.results
-        return [e for e in engine_ids if isinstance(detail.get(e), dict)
+        return [e for e in counted if isinstance(detail.get(e), dict)
                 and any(m not in results for m in [*detail[e].get("queue", []), *detail[e].get("tasks", [])])]
 
     def wait_until_warm(self) -> None:

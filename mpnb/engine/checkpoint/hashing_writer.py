@@ -39,7 +39,8 @@ class _HashingStream(io.RawIOBase):
         return self._raw.fileno()
 
     def flush(self) -> None:
-        self._raw.flush()
+        if not self._raw.closed:  # a wrapper collected after its file was closed flushes nothing
+            self._raw.flush()
 
 
 class _HashingFileSystem(FileSystem):
