@@ -1,8 +1,8 @@
 """DCP's file reader, reading each file once: checksum first, then the tensors straight from memory.
 
 Stock `FileSystemReader.read_data` runs `torch.load` on every saved tensor and
-copies each twice (out of the file, then into the model), and mpnb had to read
-every file once more beforehand to check its checksum. Here each file is checked
+copies each twice (out of the file, then into the model), and checking checksums
+before it would read every file a second time. Here each file is checked
 by one rank, the one that needs most of it (in a resume at the same world size:
 the rank that wrote it), which reads it whole and compares its checksum with the
 manifest's; other ranks read only the tensors they need from it. Only when every
