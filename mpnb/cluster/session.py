@@ -170,7 +170,7 @@ class Session:
         running = {int(r) for r, s in (self.cell or {}).get("ranks", {}).items() if s == "running"}
         counted = [i.engine_id for i in self.ranks
                    if i.rank not in running and _counts_work(queues, i.engine_id)]
-        still_queued = set(self.with_queued_work(counted))
+        still_queued = set(self._unanswered(counted))
         rows = []
         for info in self.ranks:
             queued = info.engine_id in still_queued
@@ -208,8 +208,17 @@ class Session:
             return []
         try:  # counts first: the msg_id lists come with every request the engine ever completed
             counts = self.client.queue_status(targets=engine_ids)
-            counted = [e for e in engine_ids if _counts_work(counts, e)]
-            detail: Any = self.client.queue_status(targets=counted, verbose=True) if counted else {}
+        except Exception:  # controller gone: no queue information
+            return []
+        return self._unanswered([e for e in engine_ids if _counts_work(counts, e)])
+
+    def _unanswered(self, counted: list[int]) -> list[int]:
+        """Those of `counted` (engines whose queue counts show work) with a msg_id this client has no
+        reply to."""
+        if not counted:
+            return []
+        try:
+            detail: Any = self.client.queue_status(targets=counted, verbose=True)
         except Exception:  # controller gone: no queue information
             return []
         results = self.client.results

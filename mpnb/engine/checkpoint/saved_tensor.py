@@ -132,8 +132,7 @@ def tensor_view(blob: memoryview) -> torch.Tensor | None:
     data = records.get(f"{prefix}data/{layout.key}") if isinstance(layout, _Layout) else None
     if data is None:
         return None
-    itemsize = torch.empty((), dtype=layout.dtype).element_size()
-    if data.size != layout.numel * itemsize:
+    if data.size != layout.numel * layout.dtype.itemsize:
         return None
     if layout.numel == 0:
         flat = torch.empty(0, dtype=layout.dtype)
