@@ -36,6 +36,7 @@ COMM_OP = "ShareMemCommBuilder"
 OPTIMIZER_CHECK = "deepspeed.runtime.zero.muon.muon_optimizer"
 
 STALE_LOCK_S = 600.0  # a build takes 1-2 min on 2 busy cores: a lock this old was left by a killed one
+ORPHAN_RECHECK_S = 0.2
 
 _thread: threading.Thread | None = None
 
@@ -73,15 +74,14 @@ def op_builders() -> list[Any]:
 def is_built(builder: Any) -> bool:
     """The op's JIT build in $TORCH_EXTENSIONS_DIR is complete and current (`ninja -n`: no work to do).
 
-    The warm-up loads only such ops. A build it started could be cut short by the engines'
-    stop, and torch's build lock left behind by a killed build makes every later load wait forever."""
+    The warm-up loads only such ops: a build it started could be cut short by the engines' stop.
+    torch's build `lock` says nothing here: every load of a built op holds it while ninja checks."""
     root = os.environ.get("TORCH_EXTENSIONS_DIR")
     if not root:
         return False
     build = os.path.join(root, builder.NAME)
-    library = os.path.join(build, f"{builder.NAME}.so")
-    if os.path.exists(os.path.join(build, "lock")) or not os.path.exists(library):
-        return False  # someone is building it now, or nobody has
+    if not os.path.exists(os.path.join(build, f"{builder.NAME}.so")):
+        return False
     try:
         done = subprocess.run(["ninja", "-n", "-C", build], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
@@ -89,18 +89,43 @@ def is_built(builder: Any) -> bool:
     return done.returncode == 0 and "no work to do" in done.stdout
 
 
+def lock_holders(path: str) -> list[int]:
+    """Pids of the processes on this machine that have `path` open (torch's build lock stays open
+    in the process holding it, from its O_EXCL create to its removal)."""
+    target = os.path.realpath(path)
+    holders = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):  # gone meanwhile, or not ours to read
+            fds = os.path.join("/proc", pid, "fd")
+            if any(os.readlink(os.path.join(fds, fd)) == target for fd in os.listdir(fds)):
+                holders.append(int(pid))
+    return holders
+
+
 def clear_stale_locks(max_age_s: float = STALE_LOCK_S) -> None:
-    """Remove torch's build lock of an op when it is older than any build: its builder was killed
-    (an engine stopped mid-build), and every later load would wait on it forever."""
+    """Remove torch's build lock of an op that no process here holds (its loader was killed: an
+    engine stopped while it checked or built the op), or that is older than any build (a holder on
+    another host sharing this directory died). Every later load would wait on it forever."""
     root = os.environ.get("TORCH_EXTENSIONS_DIR")
     if not root:
         return
     for builder in op_builders():
         lock = os.path.join(root, builder.NAME, "lock")
         with contextlib.suppress(OSError):
-            if time.time() - os.lstat(lock).st_mtime > max_age_s:
+            if _left_behind(lock, max_age_s):
                 os.unlink(lock)
-                logs.write(f"mpnb: removed a stale build lock {lock}")
+                logs.write(f"mpnb: removed a build lock its holder left behind: {lock}")
+
+
+def _left_behind(lock: str, max_age_s: float) -> bool:
+    first = os.lstat(lock)
+    if time.time() - first.st_mtime > max_age_s:
+        return True
+    if lock_holders(lock):
+        return False
+    # torch closes the lock's fd a moment before it removes the file: unheld twice, the same file
+    time.sleep(ORPHAN_RECHECK_S)
+    return os.lstat(lock).st_ino == first.st_ino and not lock_holders(lock)
 
 
 def load_ops(only_built: bool = False) -> list[str]:

@@ -125,10 +125,38 @@ def test_a_killed_builds_lock_is_removed_and_a_running_ones_kept(tmp_path, monke
         pytest.skip("DeepSpeed loads no JIT op on this accelerator")
     lock = tmp_path / names[0] / "lock"
     lock.parent.mkdir()
-    lock.touch()
-    ds_ops.clear_stale_locks()
-    assert lock.exists()  # a build may be running: wait for it, as torch does
-    os.utime(lock, (0, 0))  # older than any build
+    held = os.open(lock, os.O_CREAT | os.O_EXCL)  # as torch's FileBaton holds it while ninja runs
+    try:
+        assert ds_ops.lock_holders(str(lock)) == [os.getpid()]
+        ds_ops.clear_stale_locks()
+        assert lock.exists()  # a load or build is running: wait for it, as torch does
+        os.utime(lock, (0, 0))
+        ds_ops.clear_stale_locks()
+        assert not lock.exists()  # older than any build: its holder is on another host, and dead
+    finally:
+        os.close(held)
+    lock.touch()  # an engine killed while it held the lock: no process has it open
     ds_ops.clear_stale_locks()
     assert not lock.exists()
     assert not ds_ops.is_built(ds_ops.op_builders()[0])  # nothing built in this empty cache
+
+
+def test_a_built_op_is_built_while_another_engine_holds_its_lock(monkeypatch):
+    """Every engine's warm-up loads the op, and each load holds torch's lock while ninja checks the
+    build: an engine that found the lock took a built op for unbuilt and skipped it."""
+    from mpnb.engine import ds_ops
+
+    monkeypatch.setenv("PATH", os.environ["PATH"])
+    ds_ops.use_own_ninja()  # the ninja the Makefile built the ops with
+    ds_ops.default_extensions_dir()
+    builders = ds_ops.op_builders()
+    assert builders, "DeepSpeed's CPU accelerator loads its shm comm op"
+    builder = builders[0]
+    assert ds_ops.is_built(builder), "`make install` builds it into $TORCH_EXTENSIONS_DIR"
+    lock = os.path.join(os.environ["TORCH_EXTENSIONS_DIR"], builder.NAME, "lock")
+    held = os.open(lock, os.O_CREAT | os.O_EXCL)
+    try:
+        assert ds_ops.is_built(builder)
+    finally:
+        os.close(held)
+        os.unlink(lock)
