@@ -29,7 +29,7 @@ from mpnb.engine.checkpoint.collective import (
     single_process_quiet,
     world,
 )
-from mpnb.engine.checkpoint.verified_reader import VerifiedFileReader
+from mpnb.engine.checkpoint.verified_reader import VerifiedFileReader, read_ahead
 from mpnb.errors import CheckpointError
 
 
@@ -46,6 +46,9 @@ def load(trainer: Any, path: str | os.PathLike[str], *, optimizer: bool = True) 
         error = str(e)
     agree(error)
     assert manifest is not None
+    if manifest["world_size"] == world():  # each rank then checks the tensor files it wrote
+        read_ahead([str(root / name) for writer, name, _ in fmt.listed_files(manifest)
+                    if writer == rank() and name.endswith(fmt.DCP_DATA_SUFFIX)])
     damage = _damage_report(root, manifest)
     if damage:  # every rank gathered the same report
         raise CheckpointError(damage)
