@@ -98,6 +98,8 @@ def scheduled_run(config, steps, start=0, resume=None, save=None, background=Fal
     losses, handle = [], None
     for batch in itertools.islice(synthetic_batches(batch_size=8, steps=start + steps), start, None):
         losses.append(trainer.step(batch))
+        if save and background and trainer.steps == start + 1:  # its copy's buffers serve the next save
+            trainer.save(save + "-earlier", blocking=False)
         if save and trainer.steps == start + 2:  # mid-run: a background save overlaps the next steps
             handle = trainer.save(save, blocking=not background)
     if handle is not None:

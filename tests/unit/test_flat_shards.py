@@ -61,12 +61,25 @@ def test_shards_are_views_of_the_buffer() -> None:
     assert buffer[7:49].abs().sum() == 0 and buffer[:7].abs().sum() > 0 and buffer[49:].abs().sum() > 0
 
 
-def test_staged_is_an_independent_copy() -> None:
+def test_a_background_save_stages_independent_copies_into_the_last_ones_buffers() -> None:
+    from mpnb.engine.checkpoint.writer import _stage
+
     buffer = torch.arange(10.0)
-    shard = FlatShard(buffer[2:6], (10,), 2)
-    copy = shard.staged()
+    weight = torch.ones(2, 3)
+    state = {"model": {"w": weight}, "optim": {"flat": FlatShard(buffer[2:6], (10,), 2)}}
+    kept: dict[str, torch.Tensor] = {}
+    first = _stage(state, kept)
     buffer.zero_()
-    assert copy.flat.tolist() == [2.0, 3.0, 4.0, 5.0] and copy.offset == 2 and copy.shape == shard.shape
+    weight.mul_(3)
+    flat = first["optim"]["flat"]
+    assert flat.flat.tolist() == [2.0, 3.0, 4.0, 5.0] and flat.offset == 2 and flat.shape == (10,)
+    assert first["model"]["w"].tolist() == [[1.0] * 3] * 2  # training changed the live tensors since
+    second = _stage(state, kept)
+    assert second["model"]["w"].data_ptr() == first["model"]["w"].data_ptr()  # the same memory, reused
+    assert second["model"]["w"].tolist() == [[3.0] * 3] * 2 and second["optim"]["flat"].flat.sum() == 0
+    state["model"]["w"] = torch.ones(4)  # another shape: a buffer of its own
+    third = _stage(state, kept)
+    assert third["model"]["w"].shape == (4,) and kept[".model.w"] is third["model"]["w"]
 
 
 def test_bad_ranges_and_ops_are_refused() -> None:

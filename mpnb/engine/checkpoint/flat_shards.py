@@ -125,9 +125,10 @@ class FlatShard(torch.Tensor):
     def boxes(self) -> list[Box]:
         return [(o, s) for o, (_, s) in self._pieces.items()]
 
-    def staged(self) -> FlatShard:
-        """The same range over a CPU copy: what a background save writes while training goes on."""
-        return FlatShard(self.flat.detach().to("cpu", copy=True), self.shape, self.offset)
+    def staged(self, copy: torch.Tensor) -> FlatShard:
+        """The same range over `copy`, a CPU copy of `flat`: what a background save writes while
+        training goes on."""
+        return FlatShard(copy, self.shape, self.offset)
 
     def __repr__(self) -> str:  # type: ignore[override]
         stop = self.offset + self.flat.numel()

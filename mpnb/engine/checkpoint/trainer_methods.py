@@ -55,7 +55,8 @@ class TrainerCheckpoints:
 
         Each rank writes only what it holds; the directory appears complete or
         not at all. `blocking=False` returns at once and writes a CPU copy in the
-        background while training goes on (`handle.wait()`; the next save waits).
+        background while training goes on (`handle.wait()`; the next save waits). That copy's
+        memory (one shard) stays with the trainer for the next background save to copy into.
         """
         from mpnb.engine.checkpoint.writer import save
 

@@ -94,7 +94,7 @@ def save(trainer: Any, path: str | os.PathLike[str], *, blocking: bool = True) -
     if blocking:
         _write(handle, target, token, state, extras, manifest, None)
         return handle
-    staged = _stage(state)
+    staged = _stage(state, trainer.__dict__.setdefault("_staging_buffers", {}))
     handle._thread = threading.Thread(
         target=_write_catching, args=(handle, target, token, staged, extras, manifest, group),
         name="mpnb-checkpoint", daemon=True,
@@ -231,23 +231,38 @@ def _background_group(trainer: Any) -> dist.ProcessGroup | None:
     return cached[1]
 
 
-def _stage(x: Any) -> Any:
-    """A CPU copy of the state for a background save: training may change the live tensors meanwhile."""
+def _stage(x: Any, kept: dict[str, torch.Tensor], key: str = "") -> Any:
+    """A CPU copy of the state for a background save: training may change the live tensors meanwhile.
+
+    Copied into the buffers `kept` from the previous background save where they fit (the next
+    save waits for the previous one, so nothing reads them any more), as DCP's cached staging
+    does: a copy into memory already paged in takes a third of the time of one into fresh memory."""
     if hasattr(x, "staged"):  # ZeRO's FlatShard views
-        return x.staged()
+        return x.staged(_copied(x.flat, kept, key))
     if hasattr(x, "to_local") and hasattr(x, "device_mesh"):  # DTensor: copy the local shard, keep the layout
         from torch.distributed.tensor import DTensor
 
-        local = x.to_local().detach().to("cpu", copy=True)
+        local = _copied(x.to_local(), kept, key)
         return DTensor.from_local(local, x.device_mesh, x.placements, run_check=False, shape=x.shape,
                                   stride=x.stride())
     if torch.is_tensor(x):
-        return x.detach().to("cpu", copy=True)
+        return _copied(x, kept, key)
     if isinstance(x, dict):
-        return {k: _stage(v) for k, v in x.items()}
+        return {k: _stage(v, kept, f"{key}.{k}") for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return type(x)(_stage(v) for v in x)
+        return type(x)(_stage(v, kept, f"{key}.{i}") for i, v in enumerate(x))
     return x
+
+
+def _copied(t: torch.Tensor, kept: dict[str, torch.Tensor], key: str) -> torch.Tensor:
+    t = t.detach()
+    buffer = kept.get(key)
+    if (buffer is None or buffer.shape != t.shape or buffer.dtype != t.dtype
+            or buffer.stride() != t.stride()):
+        buffer = kept[key] = t.to("cpu", copy=True)
+    else:
+        buffer.copy_(t)
+    return buffer
 
 
 def local_bytes(x: Any) -> int:
