@@ -139,6 +139,7 @@ class Trainer(TrainerCheckpoints):
         self.device = device or torch.device("cpu")
         self.dp_rank, self.dp_size, self.dp_group = dp_rank, dims.dp, dp_group
         self.steps = 0
+        self.staging_buffers: dict[str, torch.Tensor] = {}  # a background save's CPU copy, for the next
         self.total_parameters: int | None = None  # the whole model's count, set by prepare (pipeline)
         self._grad_bytes_at_backward = 0
         self.activation_tracker = ActivationTracker()  # saved-for-backward bytes, for the memory chart

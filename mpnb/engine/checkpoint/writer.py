@@ -94,7 +94,7 @@ def save(trainer: Any, path: str | os.PathLike[str], *, blocking: bool = True) -
     if blocking:
         _write(handle, target, token, state, extras, manifest, None)
         return handle
-    staged = _stage(state, trainer.__dict__.setdefault("_staging_buffers", {}))
+    staged = _stage(state, trainer.staging_buffers)
     handle._thread = threading.Thread(
         target=_write_catching, args=(handle, target, token, staged, extras, manifest, group),
         name="mpnb-checkpoint", daemon=True,
