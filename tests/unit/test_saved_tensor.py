@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import mpnb
+from mpnb.engine.checkpoint import verified_reader
 from mpnb.engine.checkpoint.saved_tensor import tensor_view
 from mpnb.errors import CheckpointError
 from mpnb.models import synthetic_batches, tiny_gpt
@@ -88,7 +89,18 @@ def _state(trainer: mpnb.Trainer) -> dict[str, torch.Tensor]:
     return {**model, **moments}
 
 
-def test_a_load_restores_weights_and_moments(tmp_path: Path) -> None:
+@pytest.fixture(params=["mapped", "read"])
+def file_access(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Checkpoint files mapped, or read where the file system cannot map them."""
+    if request.param == "read":
+        def refuse(*args: object, **kwargs: object) -> None:
+            raise OSError(19, "No such device")  # what mmap says on a file system without it
+
+        monkeypatch.setattr(verified_reader.mmap, "mmap", refuse)
+    return request.param
+
+
+def test_a_load_restores_weights_and_moments(tmp_path: Path, file_access: str) -> None:
     source = _trained(3)
     source.save(tmp_path / "ck")
     fresh = _trained(1)
@@ -99,7 +111,7 @@ def test_a_load_restores_weights_and_moments(tmp_path: Path) -> None:
     assert fresh.steps == 3
 
 
-def test_a_damaged_tensor_file_is_refused_before_the_model_changes(tmp_path: Path) -> None:
+def test_a_damaged_tensor_file_is_refused_before_the_model_changes(tmp_path: Path, file_access: str) -> None:
     _trained(3).save(tmp_path / "ck")
     shard = next((tmp_path / "ck").glob("__0_*.distcp"))
     data = bytearray(shard.read_bytes())

@@ -50,6 +50,25 @@ def read_ahead(paths: list[str]) -> None:
     threading.Thread(target=advise, name="mpnb-checkpoint-read-ahead", daemon=True).start()
 
 
+def _mapped_or_read(f: Any) -> memoryview:
+    """The whole file: mapped (the kernel reads ahead of the hashing), or read where it cannot be."""
+    size = os.fstat(f.fileno()).st_size
+    if size == 0:
+        return memoryview(b"")
+    try:
+        mapped = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+    except OSError:  # a file system without mmap
+        data = bytearray(size)
+        view = memoryview(data)
+        got = 0
+        while got < size and (n := f.readinto(view[got:got + fmt.READ_CHUNK])):
+            got += n
+        return view[:got]
+    mapped.madvise(mmap.MADV_SEQUENTIAL)
+    mapped.madvise(mmap.MADV_WILLNEED)
+    return memoryview(mapped)
+
+
 class VerifiedFileReader(FileSystemReader):
     """`FileSystemReader` for a checkpoint whose manifest lists each file's size and checksum.
 
@@ -118,17 +137,12 @@ class VerifiedFileReader(FileSystemReader):
         digest = fmt.Digest(info)
         try:  # a rank raising here would leave the others waiting in `agree`
             with open(path, "rb", buffering=0) as f:
-                size = os.fstat(f.fileno()).st_size
-                mapped = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) if size else b""
+                view = _mapped_or_read(f)
         except (OSError, ValueError) as e:
             return memoryview(b""), f"{name} (rank {writer}) cannot be read ({e})"
-        if size:
-            mapped.madvise(mmap.MADV_SEQUENTIAL)
-            mapped.madvise(mmap.MADV_WILLNEED)
-        view = memoryview(mapped)
-        for at in range(0, size, fmt.READ_CHUNK):
+        for at in range(0, len(view), fmt.READ_CHUNK):
             digest.update(view[at:at + fmt.READ_CHUNK])
-        if size != info["bytes"] or digest.differs():
+        if len(view) != info["bytes"] or digest.differs():
             return view, fmt.changed_bytes(name, writer)
         return view, None
 
