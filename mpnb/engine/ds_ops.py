@@ -102,10 +102,26 @@ def lock_holders(path: str) -> list[int]:
     return holders
 
 
+NETWORK_FILE_SYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "lustre", "gpfs", "beegfs", "ceph", "glusterfs", "9p")
+
+
+def on_network_file_system(path: str, mounts_file: str = "/proc/self/mounts") -> bool:
+    """`path` is on a file system other hosts may share (a home directory over NFS, say)."""
+    target, best, kind = os.path.realpath(path), "", ""
+    with contextlib.suppress(OSError), open(mounts_file) as mounts:
+        for line in mounts:
+            fields = line.split()
+            point = fields[1].replace("\\040", " ")
+            inside = target == point or target.startswith(point.rstrip("/") + "/")
+            if inside and len(point) >= len(best):
+                best, kind = point, fields[2]
+    return kind in NETWORK_FILE_SYSTEMS or kind.startswith("fuse.")
+
+
 def clear_stale_locks(max_age_s: float = STALE_LOCK_S) -> None:
     """Remove torch's build lock of an op that no process here holds (its loader was killed: an
-    engine stopped while it checked or built the op), or that is older than any build (a holder on
-    another host sharing this directory died). Every later load would wait on it forever."""
+    engine stopped while it checked or built the op), or, on a file system other hosts share, that
+    is older than any build. Every later load would wait on it forever."""
     root = os.environ.get("TORCH_EXTENSIONS_DIR")
     if not root:
         return
@@ -121,8 +137,8 @@ def _left_behind(lock: str, max_age_s: float) -> bool:
     first = os.lstat(lock)
     if time.time() - first.st_mtime > max_age_s:
         return True
-    if lock_holders(lock):
-        return False
+    if on_network_file_system(lock) or lock_holders(lock):
+        return False  # a holder on another host is not in this machine's /proc
     # torch closes the lock's fd a moment before it removes the file: unheld twice, the same file
     time.sleep(ORPHAN_RECHECK_S)
     return os.lstat(lock).st_ino == first.st_ino and not lock_holders(lock)

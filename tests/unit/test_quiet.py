@@ -141,6 +141,31 @@ def test_a_killed_builds_lock_is_removed_and_a_running_ones_kept(tmp_path, monke
     assert not ds_ops.is_built(ds_ops.op_builders()[0])  # nothing built in this empty cache
 
 
+def test_a_lock_on_a_shared_file_system_is_left_to_its_age(tmp_path, monkeypatch):
+    """Another host's build holds its lock where this machine's /proc cannot see it."""
+    from mpnb.engine import ds_ops
+
+    mounts = tmp_path / "mounts"
+    mounts.write_text(f"overlay / overlay rw 0 0\nserver:/home {tmp_path}/home nfs4 rw 0 0\n"
+                      f"sshfs#h:/x {tmp_path}/my\\040dir fuse.sshfs rw 0 0\n")
+    assert ds_ops.on_network_file_system(str(tmp_path / "home" / "ext" / "lock"), str(mounts))
+    assert ds_ops.on_network_file_system(str(tmp_path / "my dir" / "lock"), str(mounts))
+    assert not ds_ops.on_network_file_system(str(tmp_path / "homework" / "lock"), str(mounts))
+    assert not ds_ops.on_network_file_system(str(tmp_path))  # this machine's own disk
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(ds_ops, "on_network_file_system", lambda path: True)
+    names = [b.NAME for b in ds_ops.op_builders()]
+    lock = tmp_path / names[0] / "lock"
+    lock.parent.mkdir()
+    lock.touch()
+    ds_ops.clear_stale_locks()
+    assert lock.exists()  # no holder here, but one on another host may be building
+    os.utime(lock, (0, 0))
+    ds_ops.clear_stale_locks()
+    assert not lock.exists()
+
+
 def test_a_built_op_is_built_while_another_engine_holds_its_lock(monkeypatch):
     """Every engine's warm-up loads the op, and each load holds torch's lock while ninja checks the
     build: an engine that found the lock took a built op for unbuilt and skipped it."""
