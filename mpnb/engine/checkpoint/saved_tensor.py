@@ -89,7 +89,7 @@ class _Record(NamedTuple):
     size: int
 
 
-def _records(blob: memoryview) -> dict[str, _Record]:
+def zip_records(blob: memoryview) -> dict[str, _Record]:
     """Name -> where its bytes lie, from the zip's central directory; {} where the zip is not the plain
     kind torch writes for a small tensor (compressed, or zip64 past 4 GiB)."""
     tail = bytes(blob[-22:])  # torch writes no zip comment: the record is the last 22 bytes
@@ -116,7 +116,7 @@ def _records(blob: memoryview) -> dict[str, _Record]:
 
 def tensor_view(blob: memoryview) -> torch.Tensor | None:
     """The tensor `torch.save` wrote into `blob`, sharing `blob`'s memory; None if not a plain tensor."""
-    records = _records(blob)
+    records = zip_records(blob)
     pickle_name = next((n for n in records if n.endswith("/data.pkl")), None)
     if pickle_name is None:
         return None
