@@ -76,6 +76,8 @@ def test_a_checksummed_zip_is_never_templated() -> None:
     with _without_zip_crc32():
         assert record_writer._layout(tensor) == (torch.float32, (3, 2), (2, 1))
         assert record_writer._layout(tensor.t()) is None
+        assert record_writer._layout(torch.randn(2, dtype=torch.complex64).conj()) is None
+        assert record_writer._layout(torch.quantize_per_tensor(tensor, 0.1, 0, torch.qint8)) is None
         assert record_writer._layout(tensor.requires_grad_()) is None
     expected = io.BytesIO()
     torch.save(torch.ones(3, 2), expected)

@@ -55,6 +55,7 @@ def _layout(tensor: torch.Tensor) -> tuple[Any, ...] | None:
         type(tensor) is torch.Tensor
         and tensor.device.type == "cpu"
         and tensor.layout == torch.strided
+        and not (tensor.is_quantized or tensor.is_nested or tensor.is_conj() or tensor.is_neg())
         and tensor.is_contiguous()
         and tensor.storage_offset() == 0
         and tensor.untyped_storage().nbytes() == tensor.nbytes
