@@ -13,7 +13,10 @@ from mpnb.engine.checkpoint import record_writer
 from mpnb.engine.checkpoint.hashing_writer import HashingFileSystemWriter
 from mpnb.engine.checkpoint.writer import _without_zip_crc32
 
-pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
+    pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning"),  # deprecated; still saved
+]
 
 
 def _state() -> dict[str, object]:
