@@ -29,14 +29,12 @@ from mpnb.engine.checkpoint.collective import (
     single_process_quiet,
     world,
 )
-from mpnb.engine.checkpoint.verified_reader import VerifiedFileReader, read_ahead
+from mpnb.engine.checkpoint.verified_reader import VerifiedFileReader
 from mpnb.errors import CheckpointError
 
 
 def load(trainer: Any, path: str | os.PathLike[str], *, optimizer: bool = True) -> dict[str, Any]:
     """Load model, optimizer state (unless `optimizer=False`), step, scheduler, RNG; returns the manifest."""
-    from torch.distributed.checkpoint import load as dcp_load
-
     trainer.wait_for_save()
     root = Path(from_rank0(str(Path(path).absolute())))
     manifest, error = None, None
@@ -46,27 +44,20 @@ def load(trainer: Any, path: str | os.PathLike[str], *, optimizer: bool = True) 
         error = str(e)
     agree(error)
     assert manifest is not None
-    if manifest["world_size"] == world():  # each rank then checks the tensor files it wrote
-        read_ahead([str(root / name) for writer, name, _ in fmt.listed_files(manifest)
-                    if writer == rank() and name.endswith(fmt.DCP_DATA_SUFFIX)])
-    damage = _damage_report(root, manifest)
-    if damage:  # every rank gathered the same report
-        raise CheckpointError(damage)
-    state = trainer.checkpoint_state()
-    groups = state.get("optim", {}).pop("param_groups", [])
-    if not optimizer or trainer.optimizer is None:
-        state.pop("optim", None)
-    agree(_mismatch(_live_shapes(state), manifest, root, optimizer))
+    reader = _reader(root, manifest)
     try:
-        with single_process_quiet():
-            dcp_load(state, storage_reader=_reader(root, manifest), no_dist=not distributed())
-    except (Exception, checkpoint_exception()) as e:
-        if damage := _raised_on_a_rank(e, CheckpointError):
-            raise damage from None
-        raise CheckpointError(
-            f"Reading the checkpoint at {root} failed ({failure_text(e)}): a file is damaged or unreadable. "
-            "Resume from an earlier checkpoint; the model was not changed where the read failed."
-        ) from None
+        if manifest["world_size"] == world():  # each rank then checks the tensor files it wrote
+            reader.check_early([name for writer, name, _ in fmt.listed_files(manifest)
+                                if writer == rank() and name.endswith(fmt.DCP_DATA_SUFFIX)])
+        _check_other_files(root, manifest)  # before get_state_dict, which may initialize the optimizer
+        state = trainer.checkpoint_state()
+        groups = state.get("optim", {}).pop("param_groups", [])
+        if not optimizer or trainer.optimizer is None:
+            state.pop("optim", None)
+        _check_names_and_shapes(root, manifest, state, optimizer)
+        _read_into(state, reader, root)
+    finally:
+        reader.close()
     if "optim" in state:
         _restore_hyperparameters(trainer.optimizer, groups, manifest["param_groups"])
         state["optim"]["param_groups"] = groups
@@ -74,6 +65,21 @@ def load(trainer: Any, path: str | os.PathLike[str], *, optimizer: bool = True) 
     _restore_extras(trainer, root, manifest, optimizer)
     trainer.steps = manifest["step"]
     return manifest
+
+
+def _read_into(state: dict[str, Any], reader: VerifiedFileReader, root: Path) -> None:
+    from torch.distributed.checkpoint import load as dcp_load
+
+    try:
+        with single_process_quiet():
+            dcp_load(state, storage_reader=reader, no_dist=not distributed())
+    except (Exception, checkpoint_exception()) as e:
+        if damage := _raised_on_a_rank(e, CheckpointError):
+            raise damage from None
+        raise CheckpointError(
+            f"Reading the checkpoint at {root} failed ({failure_text(e)}): a file is damaged or unreadable. "
+            "Resume from an earlier checkpoint; the model was not changed where the read failed."
+        ) from None
 
 
 def _complete_manifest(root: Path) -> dict[str, Any]:
@@ -84,15 +90,23 @@ def _complete_manifest(root: Path) -> dict[str, Any]:
     return manifest
 
 
-def _damage_report(root: Path, manifest: dict[str, Any]) -> str | None:
+def _check_other_files(root: Path, manifest: dict[str, Any]) -> None:
     """The checksums of the files besides DCP's tensor files (those are checked as they are read),
-    split among the ranks; the same report on all."""
+    split among the ranks; every rank raises the same error from the same gathered answers."""
     mine = [f for f in fmt.listed_files(manifest)
             if f[0] % world() == rank() and not f[1].endswith(fmt.DCP_DATA_SUFFIX)]
     problems = [p for part in gather(fmt.corrupted_files(root, mine)) for p in part]
-    if not problems:
-        return None
-    return _damaged(root, problems)
+    if problems:
+        raise CheckpointError(_damaged(root, problems))
+
+
+def _check_names_and_shapes(root: Path, manifest: dict[str, Any], state: dict[str, Any],
+                            optimizer: bool) -> None:
+    live: dict[str, list[int] | None] = {}
+    for shapes in gather(_live_shapes(state)):  # a pipeline stage holds only its names: the whole model
+        live.update(shapes)
+    if mismatch := _mismatch(live, manifest, root, optimizer):  # the same verdict on every rank
+        raise CheckpointError(mismatch)
 
 
 def _reader(root: Path, manifest: dict[str, Any]) -> VerifiedFileReader:
@@ -136,12 +150,9 @@ def _live_shapes(state: dict[str, Any]) -> dict[str, list[int] | None]:
     return {k: list(v.shape) if hasattr(v, "shape") else None for k, v in flat_keys(state).items()}
 
 
-def _mismatch(live_here: dict[str, list[int] | None], manifest: dict[str, Any], root: Path,
+def _mismatch(live: dict[str, list[int] | None], manifest: dict[str, Any], root: Path,
               optimizer: bool) -> str | None:
-    """Names or shapes the model has and the checkpoint lacks (or the other way), over all ranks."""
-    live: dict[str, list[int] | None] = {}
-    for part in gather(live_here):  # a pipeline stage holds only its names: compare the whole model
-        live.update(part)
+    """Names or shapes the model (all ranks' names) has and the checkpoint lacks, or the other way."""
     saved = manifest["tensors"]
     model_saved = {k for k in saved if k.startswith(fmt.MODEL_PREFIX)}
     model_live = {k for k in live if k.startswith(fmt.MODEL_PREFIX)}
