@@ -157,3 +157,51 @@ def test_checksums_hashed_while_writing_match_the_files(tmp_path: Path) -> None:
     assert any(name.endswith(fmt.DCP_DATA_SUFFIX) for _, name, _ in listed)
     assert {name: info[fmt.CHECKSUM] for _, name, info in listed} == {
         name: fmt.checksum(tmp_path / "ck" / name) for _, name, _ in listed}
+
+
+def test_each_tensor_file_is_checked_once_starting_before_the_load_plans(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    _trained(3).save(tmp_path / "ck")
+    fresh = _trained(1)
+    checked: list[str] = []
+    started = threading.Event()
+    read_checked = verified_reader.VerifiedFileReader._read_checked
+
+    def counting(self: verified_reader.VerifiedFileReader, name: str) -> object:
+        checked.append(name)
+        started.set()
+        return read_checked(self, name)
+
+    monkeypatch.setattr(verified_reader.VerifiedFileReader, "_read_checked", counting)
+    live_state = fresh.checkpoint_state
+    started_before_planning: list[bool] = []
+
+    def state_once_reading() -> dict:
+        started_before_planning.append(started.wait(5))
+        return live_state()
+
+    monkeypatch.setattr(fresh, "checkpoint_state", state_once_reading)
+    fresh.load(tmp_path / "ck")
+    assert started_before_planning == [True]
+    files = sorted(p.name for p in (tmp_path / "ck").glob("*.distcp"))
+    assert sorted(checked) == files
+
+
+def test_a_load_into_the_live_tensors_needs_no_set_state_dict(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed.checkpoint.state_dict as torch_state_dict
+
+    handed: list[str] = []
+    monkeypatch.setattr(torch_state_dict, "set_model_state_dict", lambda *a, **k: handed.append("model"))
+    monkeypatch.setattr(torch_state_dict, "set_optimizer_state_dict", lambda *a, **k: handed.append("optim"))
+    trainer = _trained(1)
+    trainer.finish_checkpoint_load(trainer.checkpoint_state())
+    assert handed == []
+
+
+def test_state_held_apart_from_the_live_tensors_is_handed_over() -> None:
+    source, fresh = _trained(3), _trained(1)
+    fresh.finish_checkpoint_load(source.checkpoint_state())  # another trainer's tensors: copied over
+    want, got = _state(source), _state(fresh)
+    assert [k for k in want if not torch.equal(want[k], got[k])] == []
