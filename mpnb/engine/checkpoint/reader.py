@@ -46,10 +46,11 @@ def load(trainer: Any, path: str | os.PathLike[str], *, optimizer: bool = True) 
     assert manifest is not None
     reader = _reader(root, manifest)
     try:
+        # the small files first: read beside the big ones, they waited behind them on the disk
+        _check_other_files(root, manifest)  # before get_state_dict, which may initialize the optimizer
         if manifest["world_size"] == world():  # each rank then checks the tensor files it wrote
             reader.check_early([name for writer, name, _ in fmt.listed_files(manifest)
                                 if writer == rank() and name.endswith(fmt.DCP_DATA_SUFFIX)])
-        _check_other_files(root, manifest)  # before get_state_dict, which may initialize the optimizer
         state = trainer.checkpoint_state()
         groups = state.get("optim", {}).pop("param_groups", [])
         if not optimizer or trainer.optimizer is None:
