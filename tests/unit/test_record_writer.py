@@ -11,7 +11,7 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter, loa
 
 from mpnb.engine.checkpoint import record_writer
 from mpnb.engine.checkpoint.hashing_writer import HashingFileSystemWriter
-from mpnb.engine.checkpoint.writer import _without_zip_crc32
+from mpnb.engine.checkpoint.record_writer import without_zip_crc32
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
@@ -38,9 +38,22 @@ def _state() -> dict[str, object]:
     }
 
 
+@pytest.fixture(autouse=True)
+def dcp_threads_without_crc32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DCP's own writer threads with the CRC-32 off as well, as mpnb's are: the reference files."""
+    from torch.distributed.checkpoint import filesystem
+
+    write = filesystem._write_files_from_queue
+
+    def without(*args: object, **kwargs: object) -> None:
+        with without_zip_crc32():
+            write(*args, **kwargs)
+
+    monkeypatch.setattr(filesystem, "_write_files_from_queue", without)
+
+
 def _save(path: Path, writer: FileSystemWriter) -> None:
-    with _without_zip_crc32():
-        save(_state(), storage_writer=writer, no_dist=True)
+    save(_state(), storage_writer=writer, no_dist=True)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -76,7 +89,7 @@ def test_dcps_own_reader_reads_them_back(tmp_path: Path) -> None:
 def test_a_checksummed_zip_is_never_templated() -> None:
     tensor = torch.randn(3, 2)
     assert record_writer._layout(tensor) is None  # CRC-32 on (torch's default): it covers the data
-    with _without_zip_crc32():
+    with without_zip_crc32():
         assert record_writer._layout(tensor) == (torch.float32, (3, 2), (2, 1))
         assert record_writer._layout(tensor.t()) is None
         assert record_writer._layout(torch.randn(2, dtype=torch.complex64).conj()) is None
@@ -87,3 +100,21 @@ def test_a_checksummed_zip_is_never_templated() -> None:
     written = io.BytesIO()
     record_writer.write_tensor(written, torch.ones(3, 2))
     assert written.getvalue() == expected.getvalue()
+
+
+def test_every_writing_thread_writes_plain_tensors_from_templates(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _save(tmp_path / "first", HashingFileSystemWriter(tmp_path / "first", thread_count=2))  # the templates
+    saved: list[tuple[int, ...]] = []
+    torch_save = torch.save
+
+    def counting(obj: object, *args: object, **kwargs: object) -> None:
+        if torch.is_tensor(obj):
+            saved.append(tuple(obj.shape))
+        torch_save(obj, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", counting)
+    _save(tmp_path / "again", HashingFileSystemWriter(tmp_path / "again", thread_count=2))
+    state = _state()
+    assert len(list((tmp_path / "again").glob("*.distcp"))) == 2
+    assert saved == [tuple(state["transposed"].shape)]  # not contiguous: the only one torch.save writes

@@ -4,7 +4,7 @@ DCP's `FileSystemWriter` runs `torch.save` once per tensor: with its stream wrap
 0.5 ms each (a pickler, a zip writer, ~40 small writes through Python), 0.15 s of CPU for a
 GPT's 308 tensors at 115 MB per rank. That is as much as a `torch.save` of all the same bytes,
 and it is what a background save takes from the training loop on CPU ranks. Two tensors of one
-layout (dtype, shape, strides) saved with the zip's CRC-32 off (`writer._without_zip_crc32`)
+layout (dtype, shape, strides) saved with the zip's CRC-32 off (`without_zip_crc32`)
 differ only in their data bytes, so the first `torch.save` of a layout is split around its data
 record, and each later tensor of that layout is written as prefix + its bytes + suffix. The
 files are byte for byte the ones DCP's own loop writes (tests/unit/test_record_writer.py).
@@ -12,10 +12,11 @@ files are byte for byte the ones DCP's own loop writes (tests/unit/test_record_w
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import queue
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -29,6 +30,18 @@ DATA_RECORD = "archive/data/0"  # torch.save's record of a lone tensor's storage
 
 # (dtype, shape, strides) -> (bytes before the data, bytes after), or None: not splittable
 _templates: dict[tuple[Any, ...], tuple[bytes, bytes] | None] = {}
+
+
+@contextlib.contextmanager
+def without_zip_crc32() -> Iterator[None]:
+    """In this thread (torch's serialization settings are per thread), `torch.save` writes no CRC-32:
+    `torch.load` never checks it, and the manifest's xxh3 of every file covers each byte."""
+    before = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(False)
+    try:
+        yield
+    finally:
+        torch.serialization.set_crc32_options(before)
 
 
 def write_tensor(stream: Any, tensor: torch.Tensor) -> None:
@@ -76,7 +89,14 @@ def _split(saved: memoryview, nbytes: int) -> tuple[bytes, bytes] | None:
 def write_files(create_stream: Callable[..., Any], files: queue.Queue, results: queue.Queue,
                 planner: SavePlanner, sync_files: bool) -> None:
     """DCP's `_write_files_from_queue` for CPU tensors without stream transforms: the files in
-    `files` ((path, storage key, items) each), byte items first, each its `WriteResult`s in `results`."""
+    `files` ((path, storage key, items) each), byte items first, each its `WriteResult`s in `results`.
+    Called on each writing thread: the CRC-32 setting is the calling thread's."""
+    with without_zip_crc32():
+        _write_files(create_stream, files, results, planner, sync_files)
+
+
+def _write_files(create_stream: Callable[..., Any], files: queue.Queue, results: queue.Queue,
+                 planner: SavePlanner, sync_files: bool) -> None:
     while True:
         try:
             path, storage_key, items = files.get_nowait()

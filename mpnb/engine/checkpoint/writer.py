@@ -134,7 +134,7 @@ def _write(handle: SaveHandle, target: Path, token: str, state: dict[str, Any], 
             error = _failed(target, _disk_full(tmp, str(e)) or f"rank {me}: {e}")
         agree(error, group)
         try:
-            with single_process_quiet(), _without_zip_crc32():
+            with single_process_quiet():
                 writer = HashingFileSystemWriter(tmp, thread_count=WRITE_THREADS)
                 # plan caching: a save of the same state as last time skips DCP's gather/scatter of plans
                 metadata = dcp_save(state, storage_writer=writer,
@@ -172,18 +172,6 @@ def _yield_cpu_to_training() -> None:
     if sys.platform.startswith("linux"):  # elsewhere setpriority takes no thread id
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
-
-
-@contextlib.contextmanager
-def _without_zip_crc32() -> Iterator[None]:
-    """DCP stores each tensor as a `torch.save` zip, for which torch computes a CRC-32 that
-    `torch.load` never checks; the manifest's xxh3 of every file already covers each byte."""
-    before = torch.serialization.get_crc32_options()
-    torch.serialization.set_crc32_options(False)
-    try:
-        yield
-    finally:
-        torch.serialization.set_crc32_options(before)
 
 
 @contextlib.contextmanager
