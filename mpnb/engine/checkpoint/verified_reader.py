@@ -18,6 +18,7 @@ import io
 import mmap
 import os
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -71,7 +72,7 @@ class VerifiedFileReader(FileSystemReader):
         self._files = files  # name -> (writing rank, {"bytes", checksum})
         self._agree = agree
         self._pool: ThreadPoolExecutor | None = None
-        self._checks: dict[str, Future[tuple[memoryview, str | None]]] = {}
+        self._checks: dict[str, futures.Future[tuple[memoryview, str | None]]] = {}
 
     def check_early(self, names: list[str]) -> None:
         """Start reading and checking `names` now, on threads: the disk then works while the load
@@ -86,7 +87,7 @@ class VerifiedFileReader(FileSystemReader):
             self._pool = None
         self._checks.clear()
 
-    def _check(self, name: str) -> Future[tuple[memoryview, str | None]]:
+    def _check(self, name: str) -> futures.Future[tuple[memoryview, str | None]]:
         if name not in self._checks:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="mpnb-checkpoint-read")
@@ -110,8 +111,8 @@ class VerifiedFileReader(FileSystemReader):
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
         checked = set(plan.storage_data or ()) | set(self._checks)  # those started early count too
-        futures = {name: self._check(name) for name in sorted(checked)}
-        whole = {name: future.result() for name, future in futures.items()}
+        started = {name: self._check(name) for name in sorted(checked)}
+        whole = {name: check.result() for name, check in started.items()}
         self.close()
         self._agree([problem for _, problem in whole.values() if problem])
         for name, items in per_file.items():
