@@ -54,11 +54,18 @@ def ssh_args(hosts) -> str:
 DAEMONS = ("sshd", "slurmctld", "slurmd")  # the fixtures' own
 
 
-def processes_on(host: str) -> set[int]:
-    """Every process in the host's namespace but the fixtures' daemons."""
+def processes_on(host: str) -> dict[int, list[str]]:
+    """Each process still running in the host's namespace but the fixtures' daemons, with its command line."""
     listing = subprocess.run(["ip", "netns", "pids", namespace(host)], capture_output=True, text=True)
-    pids = listing.stdout.split()
-    return {int(p) for p in pids if psutil.Process(int(p)).name() not in DAEMONS}
+    running = {}
+    for pid in map(int, listing.stdout.split()):
+        try:  # a process may exit between the listing and this look at it
+            process = psutil.Process(pid)
+            if process.name() not in DAEMONS:
+                running[pid] = process.cmdline()
+        except psutil.NoSuchProcess:
+            pass
+    return running
 
 
 def ssh_profile(hosts) -> list[str]:
@@ -119,8 +126,8 @@ def test_connect_to_a_cluster_ipcluster_started_with_its_engine_launcher(ipython
     batch_system = simulated_slurm.simulated_slurm(tmp_path, hosts) if launcher == "slurm" else None
     with batch_system or contextlib.nullcontext() as env:  # Slurm's environment for sbatch; else None
         connect_and_run(ipython, profile, env)
-    assert wait_for(lambda: not any(processes_on(h) for h in HOSTS), timeout=30), [
-        psutil.Process(pid).cmdline() for h in HOSTS for pid in processes_on(h)]
+    assert wait_for(lambda: not any(processes_on(h) for h in HOSTS), timeout=30), {
+        h: processes_on(h) for h in HOSTS}
 
 
 def connect_and_run(ipython, profile, env: dict[str, str] | None) -> None:
