@@ -62,14 +62,19 @@ def _ip(*args: str, check: bool = True) -> None:
     subprocess.run(["ip", *args], check=check, capture_output=True, text=True)
 
 
+def pids_in(host: str) -> list[int]:
+    """The processes running in `host`'s namespace (none once it is gone)."""
+    listing = subprocess.run(["ip", "netns", "pids", namespace(host)], capture_output=True, text=True)
+    return [int(pid) for pid in listing.stdout.split()]
+
+
 def remove_all() -> None:
     """What a start made (or a killed run left): engines, namespaces, links, resolver files."""
     for host in HOSTS:
         ns = namespace(host)
-        pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(pid), signal.SIGKILL)
+        for pid in pids_in(host):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         _ip("netns", "del", ns, check=False)
         shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
     for i in range(len(HOSTS)):  # the kernel frees a deleted namespace's links later, so remove them now

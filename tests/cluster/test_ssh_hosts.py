@@ -23,7 +23,7 @@ from mpnb.monitoring import dashboard
 from tests.helpers import RecordingComm, expect_error, run, wait_for
 
 from . import simulated_slurm
-from .simulated_hosts import BRIDGE_ADDR, HOSTS, NET, namespace, set_link, simulated_hosts, skip_reason
+from .simulated_hosts import BRIDGE_ADDR, HOSTS, NET, pids_in, set_link, simulated_hosts, skip_reason
 from .test_multinode import listening_addresses
 
 pytestmark = [
@@ -56,15 +56,12 @@ DAEMONS = ("sshd", "slurmctld", "slurmd")  # the fixtures' own
 
 def processes_on(host: str) -> dict[int, list[str]]:
     """Each process still running in the host's namespace but the fixtures' daemons, with its command line."""
-    listing = subprocess.run(["ip", "netns", "pids", namespace(host)], capture_output=True, text=True)
     running = {}
-    for pid in map(int, listing.stdout.split()):
-        try:  # a process may exit between the listing and this look at it
+    for pid in pids_in(host):
+        with contextlib.suppress(psutil.NoSuchProcess):  # it may exit between the listing and this look
             process = psutil.Process(pid)
             if process.name() not in DAEMONS:
                 running[pid] = process.cmdline()
-        except psutil.NoSuchProcess:
-            pass
     return running
 
 
