@@ -125,7 +125,7 @@ class CellRun:
 
     def _on_iopub(self, rank: int, msg: dict[str, Any]) -> None:
         kind = msg["header"]["msg_type"]
-        if kind in (*OUTPUT_EVENTS, "execute_result", "error"):
+        if kind in (*OUTPUT_EVENTS, "execute_input", "execute_result", "error"):
             self._events.put((rank, kind, msg["content"]))
         if kind in ("stream", "display_data"):  # runs after ipyparallel stored its copy: drop it
             ipp_private.forget_output(self.session.client, msg)
@@ -195,6 +195,8 @@ class CellRun:
         elif kind in ("display_data", "update_display_data"):
             if r.wants(rank) and self.output_cap.admit_display(rank, payload):
                 r.merger.add_display(rank, payload, now)
+        elif kind == "execute_input":  # the engine began the cell: its output's clock starts here
+            r.merger.began(rank, now)
         elif kind == "execute_result":
             self.results[rank] = payload.get("data", {})
         elif kind == "error":

@@ -6,7 +6,9 @@ a rich display) and emits an item once for every group of ranks that produced
 it identically, labelled with those ranks; where ranks differ, each variant is
 labelled with its own ranks. Ranks that lag a little are waited for
 (`hold_s`), so identical lines still meet; a rank that prints alone is shown
-after that short hold.
+after that short hold. The hold is measured on each rank's own clock, from
+when its engine began the cell: a rank that began later (a busy engine, a
+loaded machine) is waited for that much longer, up to `MAX_START_LAG_S`.
 
 Carriage-return updates (tqdm) are not lines: the text after the last `\\r`
 of an unfinished line is a rank's live *progress* line, shown in one display
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LOOKAHEAD = 20  # items searched ahead when ranks disagree, to realign on a common line
+MAX_START_LAG_S = 2.0  # the most a rank that began the cell late is waited for, on top of the hold
 MAX_LINE_CHARS = 10_000  # characters a line keeps (`output_cap` cuts the rest, with a note)
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -67,6 +70,7 @@ class _RankStream:
     items: list[Item] = field(default_factory=list)
     arrived: list[float] = field(default_factory=list)
     cursor: int = 0
+    began: float | None = None  # when its engine began the cell (None: not yet, or not known)
     finished: bool = False
     partial: dict[str, str] = field(default_factory=lambda: {"stdout": "", "stderr": ""})
     progress: dict[str, str] = field(default_factory=dict)  # stream -> live \r line
@@ -101,6 +105,10 @@ class RankMerger:
             s.progress[stream] = live
         else:
             s.progress.pop(stream, None)
+
+    def began(self, rank: int, now: float) -> None:
+        """The rank's engine began running the cell: its output is timed from here."""
+        self.streams[rank].began = now
 
     def add_display(self, rank: int, content: dict[str, Any], now: float) -> None:
         self._add(rank, Item("display", content), now)
@@ -138,14 +146,26 @@ class RankMerger:
             if not pending:
                 return out
             waiting = [r for r, s in self.streams.items() if s.next_item() is None and not s.finished]
-            if waiting and not final:
-                oldest = min(self.streams[r].arrived[self.streams[r].cursor] for r in pending)
-                if now - oldest < self.hold_s:
-                    return out
+            if waiting and not final and self._holding(pending, waiting, now):
+                return out
             for ranks, item in self._choose_groups(pending):
                 out.append((ranks, item))
                 for r in ranks:
                     self.streams[r].cursor += 1
+
+    def _holding(self, pending: list[int], waiting: list[int], now: float) -> bool:
+        """Whether a waiting rank may still produce the pending items: it has not run for as long,
+        on its own clock, as the pending rank had when its item came, plus the hold."""
+        oldest = min(pending, key=lambda r: self.streams[r].arrived[self.streams[r].cursor])
+        s = self.streams[oldest]
+        came = s.arrived[s.cursor]
+        if now - came >= self.hold_s + MAX_START_LAG_S:
+            return False
+        lag = 0.0
+        if s.began is not None:
+            began = [self.streams[r].began for r in waiting]
+            lag = max((now if b is None else b) - s.began for b in began)
+        return now - came < self.hold_s + max(lag, 0.0)
 
     def _choose_groups(self, pending: list[int]) -> list[tuple[list[int], Item]]:
         groups: list[tuple[list[int], Item]] = []
