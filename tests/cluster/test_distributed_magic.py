@@ -295,4 +295,5 @@ def test_floods_of_bytes_and_displays_reach_the_notebook_capped_with_notes(ip):
     ]
 
     res, out, _, _ = run(ip, "%%distributed\nprint('plain', rank)\n")
-    assert out.strip().splitlines() == ["[rank 0] plain 0", "[rank 1] plain 1"] and "mpnb:" not in out
+    # distinct lines show in the order they came: after a flood, rank 1 may well be first
+    assert sorted(out.strip().splitlines()) == ["[rank 0] plain 0", "[rank 1] plain 1"] and "mpnb:" not in out
