@@ -93,3 +93,16 @@ def test_a_stopped_cell_fails_as_an_interrupt_without_a_traceback(ipython):
     res, out = run(ipython, "raise CellStopped([0, 1], said=False)")
     assert isinstance(res.error_in_exec, KeyboardInterrupt) and not res.success
     assert out.strip() == "KeyboardInterrupt: mpnb stopped ranks 0,1"
+
+
+def test_a_failed_cell_is_kept_in_history_as_shown_not_formatted_again_from_mpnbs_frames(ipython):
+    """IPython keeps each failed cell's traceback in its history, formatting it again from the
+    frames unless the error renders itself: that took 0.8 s on a session's first failure."""
+    from mpnb.execution.report import CellFailedError, RankFailure
+
+    error = CellFailedError([RankFailure([0], "ValueError", "bad batch", ["  Cell In[3], line 2"])], [0, 1])
+    ipython.user_ns["error"] = error
+    stopped = ["\x1b[1;31mKeyboardInterrupt\x1b[0m: mpnb stopped ranks 0,1"]
+    for code, shown in (("raise error", error.render()), ("raise CellStopped([0, 1], said=False)", stopped)):
+        res, _ = run(ipython, code)
+        assert ipython.history_manager.exceptions[res.execution_count]["traceback"] == shown
