@@ -147,7 +147,7 @@ def setup(
         "MASTER_PORT": master_port,
     }
     os.environ.update({k: str(v) for k, v in env.items()})
-    from mpnb.engine import ds_ops, quiet
+    from mpnb.engine import ds_ops, quiet, traceback_warmup
 
     ds_ops.default_extensions_dir()
 
@@ -204,6 +204,7 @@ def setup(
     control.install()  # cooperative stop and stack dumps in %%distributed cells
     quiet.install()  # library chatter to the engine's log; `%%distributed --verbose` shows it
     ds_ops.warm_in_background()  # the first ZeRO cell then finds DeepSpeed imported and its ops loaded
+    traceback_warmup.start_in_background()  # a rank's first error is then formatted as fast as later ones
 
     state.rank, state.world_size = rank, world_size
     state.local_rank, state.local_world_size = local_rank, local_world_size

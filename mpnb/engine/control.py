@@ -27,7 +27,6 @@ import re
 import signal
 import socket
 import sys
-import threading
 from typing import Any
 
 from mpnb import private_files
@@ -114,24 +113,6 @@ def install() -> None:
     shell = get_ipython()
     if shell is not None and _pre_run_cell not in shell.events.callbacks["pre_run_cell"]:
         shell.events.register("pre_run_cell", _pre_run_cell)
-        # The first traceback an engine formats imports stack_data and pygments (1-2 s on a busy
-        # machine), which would delay the first stop or error; import them now, off the main thread.
-        threading.Thread(target=_warm_tracebacks, daemon=True, name="mpnb-warm-tb").start()
-
-
-def _warm_tracebacks() -> None:
-    """Also parse torch.distributed's biggest files once: IPython's tracebacks read every frame's source."""
-    with contextlib.suppress(Exception):
-        import pygments.formatters.terminal256
-        import pygments.lexers.python  # noqa: F401
-        from stack_data.core import Source
-
-        dist = sys.modules.get("torch.distributed")
-        if dist is not None:
-            from torch.distributed import c10d_logger, distributed_c10d
-
-            for module in (distributed_c10d, c10d_logger):
-                Source.for_filename(module.__file__)
 
 
 def _pre_run_cell(info: Any) -> None:
