@@ -158,14 +158,11 @@ class RankMerger:
         on its own clock, as the pending rank had when its item came, plus the hold."""
         oldest = min(pending, key=lambda r: self.streams[r].arrived[self.streams[r].cursor])
         s = self.streams[oldest]
-        came = s.arrived[s.cursor]
-        if now - came >= self.hold_s + MAX_START_LAG_S:
-            return False
-        lag = 0.0
+        lag = 0.0  # how much later than the pending rank the last waiting rank began (not yet: now)
         if s.began is not None:
             began = [self.streams[r].began for r in waiting]
-            lag = max((now if b is None else b) - s.began for b in began)
-        return now - came < self.hold_s + max(lag, 0.0)
+            lag = max(now if b is None else b for b in began) - s.began
+        return now - s.arrived[s.cursor] < self.hold_s + min(max(lag, 0.0), MAX_START_LAG_S)
 
     def _choose_groups(self, pending: list[int]) -> list[tuple[list[int], Item]]:
         groups: list[tuple[list[int], Item]] = []
