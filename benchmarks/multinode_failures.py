@@ -21,12 +21,15 @@ Usage: python benchmarks/multinode_failures.py [--rounds 5]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -83,12 +86,21 @@ def kill_seconds(ip) -> float:
     return ended - (float(re.search(r"killed at ([0-9.]+)", out).group(1)) + 0.3)
 
 
-def failures(ip, rounds: int) -> dict[str, list[float]]:
-    got: dict[str, list[float]] = {"first failure": [], "later failures": [], "heal": []}
+def failures(ip, rounds: int, into: dict[str, list[float]]) -> None:
     for i in range(rounds + 1):
-        got["first failure" if i == 0 else "later failures"].append(failure_seconds(ip))
-        got["heal"].append(heal_seconds(ip))
-    return got
+        into.setdefault("first failure" if i == 0 else "later failures", []).append(failure_seconds(ip))
+        into.setdefault("heal", []).append(heal_seconds(ip))
+
+
+@contextlib.contextmanager
+def warm_session(**start: Any) -> Iterator[None]:
+    """`mpnb.start(**start)`, warmed up before anything is timed, stopped afterwards."""
+    session = mpnb.start(verbose=False, **start)
+    try:
+        session.wait_until_warm()
+        yield
+    finally:
+        mpnb.stop()
 
 
 def main() -> None:
@@ -102,28 +114,15 @@ def main() -> None:
     ip.run_line_magic("load_ext", "mpnb")
     across: dict[str, list[float]] = {}
     one_host: dict[str, list[float]] = {}
-
-    def keep(into: dict[str, list[float]], got: dict[str, list[float]]) -> None:
-        for key, values in got.items():
-            into.setdefault(key, []).extend(values)
-
     with tempfile.TemporaryDirectory() as tmp, \
             simulated_hosts(Path(tmp), engines_per_host=0, sshd=True) as hosts:
         spec = ",".join(f"root@{a}:2" for a in hosts.addresses.values())
         for s in range(args.sessions):
-            session = mpnb.start(ssh=spec, ssh_args=hosts.ssh_args, verbose=False)
-            try:
-                session.wait_until_warm()
-                keep(across, failures(ip, args.rounds))
-                keep(across, {"kill reported": [kill_seconds(ip)]})
-            finally:
-                mpnb.stop()
-            session = mpnb.start(n=4, verbose=False)
-            try:
-                session.wait_until_warm()
-                keep(one_host, failures(ip, args.rounds))
-            finally:
-                mpnb.stop()
+            with warm_session(ssh=spec, ssh_args=hosts.ssh_args):
+                failures(ip, args.rounds, across)
+                across.setdefault("kill reported", []).append(kill_seconds(ip))
+            with warm_session(n=4):
+                failures(ip, args.rounds, one_host)
             print(f"session {s + 1}: " + "; ".join(
                 f"{k} {' '.join(f'{v:.2f}' for v in vals)}" for k, vals in across.items()), flush=True)
 
