@@ -169,6 +169,16 @@ def group_errors(errors: dict[int, dict[str, Any]], execution_count: int | None)
 _LOST_PEER = re.compile(r"Connection reset by peer|Connection closed by peer|Broken pipe")
 
 
+def is_lost_peer(error: dict[str, Any] | None) -> bool:
+    """An error that only says a peer's connection closed: the consequence of another rank's failure."""
+    return error is not None and bool(_LOST_PEER.search(strip_ansi(str(error.get("evalue", "")))))
+
+
+def broke_peers(errors: dict[int, dict[str, Any]], rank: int, reported_first: int) -> bool:
+    """Whether `rank`'s own failure caused the lost-peer error `reported_first` sent in before it."""
+    return is_lost_peer(errors.get(reported_first)) and not is_lost_peer(errors.get(rank))
+
+
 def collapse_lost_peers(failures: list[RankFailure]) -> list[RankFailure]:
     """Failures caused by a dead rank's connections closing, as one line each naming the death."""
     dead = sorted(r for f in failures if f.ename == "RankDied" for r in f.ranks)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from mpnb.cluster import recovery, watchdog
 from mpnb.execution.output import format_ranks
-from mpnb.execution.report import innermost, stack_text
+from mpnb.execution.report import broke_peers, innermost, stack_text
 from mpnb.execution.states import DONE, FAILED, RUNNING, STOPPED
 
 if TYPE_CHECKING:
@@ -46,6 +46,7 @@ class SupervisedRun(Protocol):
     session: Session
     ranks: list[int]
     status: dict[int, str]
+    errors: dict[int, dict]
     execution_count: int | None
     started: float
 
@@ -80,8 +81,11 @@ class Supervisor:
 
     # -- what the run reports
     def rank_finished(self, rank: int, state: str, now: float) -> None:
-        if state == FAILED and self.first_failure is None and self.run.is_running():
+        first = self.first_failure
+        if state == FAILED and first is None and self.run.is_running():
             self.first_failure = (rank, now)
+        elif state == FAILED and first and broke_peers(self.run.errors, rank, first[0]):
+            self.first_failure = (rank, first[1])  # its peers' lost-peer errors came in sooner
         if state == DONE and self._partial_since is None and self.run.is_running():
             self._partial_since = now
         if self.released and self.run.is_running():  # its peers may wait on it (a ring): release them
@@ -94,12 +98,7 @@ class Supervisor:
             self._next_death_check = now + DEATH_CHECK_S
             self.check_deaths(now)
         failure = self.first_failure
-        if (
-            failure is not None
-            and not self.released
-            and run.is_running()
-            and now - failure[1] >= FAIL_GRACE_S
-        ):
+        if failure and not self.released and run.is_running() and now - failure[1] >= FAIL_GRACE_S:
             self._release(f"{format_ranks([failure[0]])} failed")
         since = self._partial_since
         hang_due = since is not None and now - since >= self._hang_after()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from mpnb.execution.report import RankFailure, collapse_lost_peers
+from mpnb.execution.states import FAILED, RUNNING
+from mpnb.execution.supervisor import Supervisor
 
 GLOO = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
         "[127.0.0.1]:2991: Connection reset by peer. This is typically caused by a remote worker hanging")
@@ -23,3 +25,43 @@ def test_without_a_death_or_for_other_errors_nothing_changes():
     died = RankFailure([1], "RankDied", "rank 1 exited", [])
     own = RankFailure([0], "ValueError", "bad shape", ["tb"])
     assert collapse_lost_peers([died, own]) == [died, own]
+
+
+class TwoRanks:
+    """The part of a cell run the supervisor reads when a rank finishes (`SupervisedRun`)."""
+
+    def __init__(self) -> None:
+        self.session = None
+        self.ranks = [0, 1]
+        self.status = {0: RUNNING, 1: RUNNING}
+        self.errors: dict[int, dict] = {}
+        self.started = 0.0
+
+    def is_running(self) -> bool:
+        return RUNNING in self.status.values()
+
+    def fail(self, supervisor: Supervisor, rank: int, ename: str, evalue: str, now: float) -> None:
+        self.errors[rank] = {"ename": ename, "evalue": evalue, "traceback": []}
+        self.status[rank] = FAILED
+        supervisor.rank_finished(rank, FAILED, now)
+
+
+def test_the_rank_whose_failure_closed_the_connections_is_named_first_even_when_it_reports_last():
+    run = TwoRanks()
+    supervisor = Supervisor(run, timeout=None)
+    run.fail(supervisor, 0, "RuntimeError", GLOO, now=1.0)  # the peer's read error came in first
+    run.fail(supervisor, 1, "ValueError", "rank 1 gives up", now=1.2)
+    assert supervisor.first_failure == (1, 1.0)  # the cause, at the time the failure was first seen
+
+
+def test_a_first_failure_of_its_own_is_kept():
+    run = TwoRanks()
+    supervisor = Supervisor(run, timeout=None)
+    run.fail(supervisor, 0, "ValueError", "bad shape", now=1.0)
+    run.fail(supervisor, 1, "ValueError", "rank 1 gives up", now=1.2)
+    assert supervisor.first_failure == (0, 1.0)
+    run = TwoRanks()
+    supervisor = Supervisor(run, timeout=None)
+    run.fail(supervisor, 0, "RuntimeError", GLOO, now=1.0)
+    run.fail(supervisor, 1, "RuntimeError", GLOO, now=1.2)  # both lost a peer: nothing better to name
+    assert supervisor.first_failure == (0, 1.0)
